@@ -1,0 +1,112 @@
+"""Default CPU (llvm) schedules: inline injective stages, parallel outer loops, vectorize.
+
+Rules, in order, each able to decline:
+  Injective  - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
+  Fallback   - any other func: inline injective stages, parallelise each root block's leading spatial
+               loops and vectorize a spatial innermost loop when it is contiguous and divisible
+The same rules are applied to every fusion variant, so comparisons between variants are fair.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from .rule import ScheduleRule
+from .targets import CPU
+
+
+def _lanes(dtype_bits: int) -> int:
+    return max(1, min(CPU["max_vector_lanes"], CPU["vector_bytes"] * 8 // dtype_bits))
+
+
+def _extent(sch, loop):
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+def _inline_injective(sch):
+    """compute_inline every non-output spatial block that allows it (repeat until none changes)."""
+    changed = True
+    while changed:
+        changed = False
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        for info in infos:
+            if info.is_injective() and not _is_output(sch, info.block_rv):
+                try:
+                    sch.compute_inline(info.block_rv)
+                    changed = True
+                    break
+                except Exception:
+                    continue
+    return normalize_prim_func(sch)
+
+
+def _is_output(sch, block_rv):
+    func = sch.mod["main"]
+    outs = {func.buffer_map[p].data for p in func.params if p in func.buffer_map}
+    return any(w.buffer.data in outs for w in sch.get(block_rv).writes)
+
+
+def _block_bits(sch, block_rv):
+    writes = sch.get(block_rv).writes
+    return writes[0].buffer.dtype.bits if writes else 32
+
+
+def _schedule_spatial(sch, info):
+    loops = info.get_loops()
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    ext = _extent(sch, fused)
+    lanes = _lanes(_block_bits(sch, info.block_rv))
+    if ext is not None and ext % lanes == 0 and ext >= lanes * CPU["min_parallel_extent"]:
+        outer, inner = sch.split(fused, [None, lanes])
+        sch.parallel(outer)
+        sch.vectorize(inner)
+    elif ext is None or ext >= CPU["min_parallel_extent"]:
+        sch.parallel(fused)
+
+
+def _schedule_reduction(sch, info):
+    kinds = info.dom_kind()
+    loops = info.get_loops()
+    lead = [lp for lp, k in zip(loops, kinds) if k == "S"]
+    if kinds[: len(lead)] != "S" * len(lead) or not lead:
+        return  # spatial loops not leading: leave it serial rather than reorder the math
+    fused = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+    ext = _extent(sch, fused)
+    if ext is None or ext >= CPU["min_parallel_extent"]:
+        sch.parallel(fused)
+
+
+class Injective(ScheduleRule):
+    name = "cpu.Injective"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = _inline_injective(sch)
+        if not infos or not all(i.is_injective() for i in infos):
+            return None
+        for info in infos:
+            _schedule_spatial(sch, info)
+        return sch.mod["main"]
+
+
+class Fallback(ScheduleRule):
+    name = "cpu.Fallback"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = _inline_injective(sch)
+        if infos is None:
+            return None
+        for info in infos:
+            if info.is_injective():
+                _schedule_spatial(sch, info)
+            else:
+                _schedule_reduction(sch, info)
+        return sch.mod["main"]
+
+
+RULES = [Injective(), Fallback()]

@@ -1,0 +1,3 @@
+"""tvmfuse: operator fusion, default schedules and measurement on Apache TVM Relax."""
+from . import workloads
+from .errors import TvmfuseError

@@ -1,0 +1,131 @@
+"""`tvmfuse.build`: compile a Relax module under a fusion variant for llvm or cuda.
+
+Returns a `Compiled`: callable on numpy arrays, with `.launches` (static kernel launches per
+inference; for CUDA counted from the generated source), `.source()` and `.mod` (the scheduled Relax
+module before lowering, what the measuring runtime reads).
+"""
+from __future__ import annotations
+
+import re
+from functools import cached_property
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import schedules
+
+from . import pipeline
+from .errors import DeviceUnavailableError, InputError, TargetError
+from .relax_utils import call_tir_sites, static_shape
+from .target import resolve
+
+_KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\([^;{]*\)\s*\{")
+
+
+def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", **knobs) -> tvm.IRModule:
+    """Run the variant's graph passes and the default schedules; stop before lowering."""
+    if fusion not in pipeline.VARIANTS:
+        raise ValueError(f"unknown fusion variant {fusion!r}; use one of {pipeline.VARIANTS}")
+    target = resolve(target)
+    with target, tvm.transform.PassContext(opt_level=3):
+        seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
+        mod = seq(mod)
+    return schedules.apply_default_schedules(mod, target)
+
+
+def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", **knobs) -> "Compiled":
+    target = resolve(target)
+    prepared = prepare(mod, target, fusion, **knobs)
+    with target, tvm.transform.PassContext(opt_level=3):
+        ex = tvm.compile(prepared, target=target,
+                         relax_pipeline=tvm.transform.Sequential(pipeline.lowering_passes(target)))
+    return Compiled(prepared, ex, target, fusion)
+
+
+class Compiled:
+    def __init__(self, mod, executable, target, fusion):
+        self.mod, self.executable, self.target, self.fusion = mod, executable, target, fusion
+        main = mod["main"]
+        self.params = [(p.name, static_shape(p.ty), p.ty.dtype) for p in main.params]
+
+    # ------------------------------------------------------------------ inspection
+    def call_sites(self) -> list[str]:
+        return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.mod["main"])]
+
+    def source(self) -> str:
+        """Generated kernel code: CUDA C for cuda, LLVM IR for llvm."""
+        if self.target.kind.name == "cuda":
+            return self._cuda_source
+        return self.executable.mod.imports[0].inspect_source("ll") if self.executable.mod.imports else ""
+
+    @cached_property
+    def _cuda_source(self) -> str:
+        stack, srcs = [self.executable.mod], []
+        while stack:
+            m = stack.pop()
+            if m.kind == "cuda":
+                srcs.append(m.inspect_source())
+            stack.extend(m.imports)
+        return "\n".join(srcs)
+
+    def kernels_per_func(self) -> dict[str, int]:
+        """CUDA only: the number of __global__ kernels each PrimFunc became."""
+        counts: dict[str, int] = {}
+        for k in _KERNEL_DEF.findall(self._cuda_source):
+            fn = re.sub(r"_kernel(_\d+)?$", "", k)
+            counts[fn] = counts.get(fn, 0) + 1
+        return counts
+
+    def host_fallbacks(self) -> list[str]:
+        """CUDA only: PrimFuncs called from main that produced no GPU kernel (silently on the host)."""
+        per = self.kernels_per_func()
+        return sorted({n for n in self.call_sites() if per.get(n, 0) == 0})
+
+    @property
+    def launches(self) -> int:
+        sites = self.call_sites()
+        if self.target.kind.name == "cuda":
+            per = self.kernels_per_func()
+            return sum(per.get(n, 0) for n in sites)
+        return len(sites)
+
+    # ------------------------------------------------------------------ running
+    @cached_property
+    def device(self):
+        dev = tvm.cuda(0) if self.target.kind.name == "cuda" else tvm.cpu(0)
+        if not dev.exist:
+            raise DeviceUnavailableError(
+                f"no {self.target.kind.name} device on this machine: the module compiled, but it cannot run "
+                "here. Inspect it with .source()/.launches, or run on a machine with the device."
+            )
+        return dev
+
+    def vm(self):
+        return relax.VirtualMachine(self.executable, self.device)
+
+    def convert_inputs(self, arrays):
+        if len(arrays) != len(self.params):
+            names = ", ".join(f"{n}{list(s)}:{d}" for n, s, d in self.params)
+            raise InputError(f"main takes {len(self.params)} inputs ({names}), got {len(arrays)}")
+        out = []
+        for i, (a, (name, shape, dtype)) in enumerate(zip(arrays, self.params)):
+            a = np.asarray(a)
+            if shape is not None and tuple(a.shape) != shape:
+                raise InputError(f"input {i} '{name}': expected shape {list(shape)}, got {list(a.shape)}")
+            if str(a.dtype) != dtype:
+                raise InputError(
+                    f"input {i} '{name}': expected dtype {dtype}, got {a.dtype} (cast with .astype('{dtype}'))"
+                )
+            out.append(tvm.runtime.tensor(np.ascontiguousarray(a), self.device))
+        return out
+
+    def __call__(self, *arrays):
+        args = self.convert_inputs(arrays)
+        return _to_numpy(self.vm()["main"](*args))
+
+
+def _to_numpy(res):
+    if hasattr(res, "numpy"):
+        return res.numpy()
+    return tuple(_to_numpy(r) for r in res)

@@ -1,0 +1,22 @@
+"""Errors raised by tvmfuse. Each names what is wrong, where, and how to fix it."""
+
+
+class TvmfuseError(Exception):
+    """Base class of every error tvmfuse raises on purpose."""
+
+
+class UnknownWorkloadError(TvmfuseError, KeyError):
+    def __str__(self):  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class TargetError(TvmfuseError, ValueError):
+    pass
+
+
+class InputError(TvmfuseError, ValueError):
+    pass
+
+
+class DeviceUnavailableError(TvmfuseError, RuntimeError):
+    pass

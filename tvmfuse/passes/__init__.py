@@ -1,0 +1,10 @@
+"""tvmfuse's own graph passes. `tvmfuse_passes(knobs)` is the list the "tvmfuse" variant runs."""
+
+
+def tvmfuse_passes(knobs):
+    from tvm import relax
+
+    from .fuse_groups_te import FuseGroupsTE
+
+    T = relax.transform
+    return [FuseGroupsTE(**knobs), T.LegalizeOps(), T.AnnotateTIROpPattern()]

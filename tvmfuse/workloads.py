@@ -1,0 +1,304 @@
+"""The workload zoo: Relax graphs with a small (test) and a bench shape, deterministic inputs and a
+numpy reference each. Graphs are written op by op with BlockBuilder, so fusion has work to do."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+from tvm import relax
+from tvm.relax import op as R
+
+from .errors import UnknownWorkloadError
+
+SIZES = ("small", "bench")
+
+
+@dataclass
+class Workload:
+    name: str
+    size: str
+    mod: "relax.IRModule"
+    input_specs: list  # [(name, shape, dtype)]
+    _reference: Callable
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    seed: int = 0
+
+    def inputs(self) -> list[np.ndarray]:
+        """Deterministic inputs: the same arrays on every call and every machine."""
+        rng = np.random.default_rng(self.seed)
+        out = []
+        for name, shape, dtype in self.input_specs:
+            a = rng.standard_normal(shape).astype(dtype)
+            if name.startswith("var"):  # batch-norm variances must be positive
+                a = np.abs(a) + 0.5
+            out.append(a)
+        return out
+
+    def reference(self, *inputs):
+        return self._reference(*inputs)
+
+
+_REGISTRY: dict[str, Callable] = {}
+
+
+def register(fn):
+    _REGISTRY[fn.__name__] = fn
+    return fn
+
+
+def names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def get(name: str, size: str = "small") -> Workload:
+    if name not in _REGISTRY:
+        raise UnknownWorkloadError(f"unknown workload {name!r}; known workloads: {', '.join(names())}")
+    if size not in SIZES:
+        raise UnknownWorkloadError(f"unknown size {size!r} for workload {name!r}; use one of {SIZES}")
+    return _REGISTRY[name](size)
+
+
+def _build(name, specs, body):
+    """specs: [(name, shape, dtype)]; body(bb, *vars) -> output expr(s) emitted in a dataflow block."""
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, d)) for n, s, d in specs]
+    with bb.function("main", params):
+        with bb.dataflow():
+            outs = body(bb, *params)
+            if isinstance(outs, (list, tuple)):
+                outs = [bb.emit_output(o) for o in outs]
+                ret = bb.emit_output(relax.Tuple(outs))
+            else:
+                ret = bb.emit_output(outs)
+        bb.emit_func_output(ret)
+    return bb.get()
+
+
+def _wl(name, size, specs, body, ref, **kw):
+    return Workload(name, size, _build(name, specs, body), specs, ref, **kw)
+
+
+def _pick(size, small, bench):
+    return small if size == "small" else bench
+
+
+# ---------------------------------------------------------------- elementwise / conv
+@register
+def bias_relu_dropout(size):
+    n, m = _pick(size, (64, 128), (4096, 1024))
+    specs = [("x", (n, m), "float32"), ("bias", (m,), "float32")]
+
+    def body(bb, x, b):
+        y = bb.emit(R.add(x, b))  # bias_add: broadcast over rows
+        y = bb.emit(R.nn.relu(y))
+        d = bb.emit(R.nn.dropout(y, rate=0.1))  # inference: identity
+        return bb.emit(relax.TupleGetItem(d, 0))
+
+    return _wl("bias_relu_dropout", size, specs, body, lambda x, b: np.maximum(x + b, 0))
+
+
+@register
+def conv_relu_bn_add(size):
+    c, hw = _pick(size, (8, 10), (64, 56))
+    specs = [
+        ("x", (1, c, hw, hw), "float32"),
+        ("w", (c, c, 3, 3), "float32"),
+        ("gamma", (c,), "float32"),
+        ("beta", (c,), "float32"),
+        ("mean", (c,), "float32"),
+        ("var", (c,), "float32"),
+    ]
+
+    def body(bb, x, w, g, be, mu, var):
+        y = bb.emit(R.nn.conv2d(x, w, padding=(1, 1)))
+        y = bb.emit(R.nn.relu(y))
+        bn = bb.emit(R.nn.batch_norm(y, g, be, mu, var, axis=1, epsilon=1e-5, training=False))
+        y = bb.emit(relax.TupleGetItem(bn, 0))
+        return bb.emit(R.add(y, x))
+
+    def ref(x, w, g, be, mu, var):
+        y = np.maximum(_conv2d_nchw(x, w, pad=1), 0)
+        sh = (1, -1, 1, 1)
+        y = (y - mu.reshape(sh)) / np.sqrt(var.reshape(sh) + 1e-5) * g.reshape(sh) + be.reshape(sh)
+        return y + x
+
+    return _wl("conv_relu_bn_add", size, specs, body, ref, rtol=1e-3, atol=1e-3)
+
+
+def _conv2d_nchw(x, w, pad):
+    n, c, h, wd = x.shape
+    k = w.shape[2]
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    cols = np.lib.stride_tricks.sliding_window_view(xp, (k, k), axis=(2, 3))  # n,c,h,w,k,k
+    return np.einsum("nchwij,ocij->nohw", cols, w, optimize=True).astype(x.dtype)
+
+
+# ---------------------------------------------------------------- reductions
+def _np_softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+@register
+def softmax_chain(size):
+    n, m = _pick(size, (64, 128), (1024, 1024))
+    specs = [("x", (n, m), "float32"), ("y", (n, m), "float32")]
+
+    def body(bb, x, y):
+        a = bb.emit(R.add(x, y))
+        a = bb.emit(R.nn.relu(a))
+        a = bb.emit(R.nn.softmax(a, axis=-1))
+        return bb.emit(R.multiply(a, y))
+
+    return _wl("softmax_chain", size, specs, body, lambda x, y: _np_softmax(np.maximum(x + y, 0)) * y)
+
+
+@register
+def softmax_decomposed(size):
+    n, m = _pick(size, (64, 128), (1024, 1024))
+    specs = [("x", (n, m), "float32")]
+
+    def body(bb, x):
+        mx = bb.emit(R.max(x, axis=-1, keepdims=True))
+        e = bb.emit(R.exp(bb.emit(R.subtract(x, mx))))
+        s = bb.emit(R.sum(e, axis=-1, keepdims=True))
+        return bb.emit(R.divide(e, s))
+
+    return _wl("softmax_decomposed", size, specs, body, _np_softmax)
+
+
+@register
+def layernorm_decomposed(size):
+    n, m = _pick(size, (64, 96), (4096, 768))
+    specs = [("x", (n, m), "float32"), ("gamma", (m,), "float32"), ("beta", (m,), "float32")]
+
+    def body(bb, x, g, b):
+        mu = bb.emit(R.mean(x, axis=-1, keepdims=True))
+        d = bb.emit(R.subtract(x, mu))
+        var = bb.emit(R.mean(bb.emit(R.square(d)), axis=-1, keepdims=True))
+        r = bb.emit(R.rsqrt(bb.emit(R.add(var, relax.const(1e-5, "float32")))))
+        y = bb.emit(R.multiply(d, r))
+        return bb.emit(R.add(bb.emit(R.multiply(y, g)), b))
+
+    def ref(x, g, b):
+        mu = x.mean(-1, keepdims=True)
+        d = x - mu
+        return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
+
+    return _wl("layernorm_decomposed", size, specs, body, ref)
+
+
+@register
+def rmsnorm_residual(size):
+    n, m = _pick(size, (64, 96), (4096, 768))
+    specs = [("x", (n, m), "float32"), ("residual", (n, m), "float32"), ("weight", (m,), "float32")]
+
+    def body(bb, x, r, w):
+        s = bb.emit(R.add(x, r))
+        ms = bb.emit(R.mean(bb.emit(R.square(s)), axis=-1, keepdims=True))
+        inv = bb.emit(R.rsqrt(bb.emit(R.add(ms, relax.const(1e-6, "float32")))))
+        y = bb.emit(R.multiply(bb.emit(R.multiply(s, inv)), w))
+        return [s, y]
+
+    def ref(x, r, w):
+        s = x + r
+        return s, s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6) * w
+
+    return _wl("rmsnorm_residual", size, specs, body, ref)
+
+
+@register
+def multi_reduce(size):
+    n, m = _pick(size, (64, 128), (2048, 1024))
+    specs = [("x", (n, m), "float32")]
+
+    def body(bb, x):
+        amax = bb.emit(R.max(bb.emit(R.abs(x))))
+        mean = bb.emit(R.mean(x))
+        msq = bb.emit(R.mean(bb.emit(R.square(x))))
+        return [amax, mean, msq]
+
+    def ref(x):
+        x64 = x.astype("float64")
+        return (np.abs(x).max(), x64.mean().astype("float32"), (x64 * x64).mean().astype("float32"))
+
+    return _wl("multi_reduce", size, specs, body, ref)
+
+
+# ---------------------------------------------------------------- compute-heavy
+def _np_gelu(x):
+    erf = np.vectorize(math.erf, otypes=[np.float64])
+    return (0.5 * x * (1.0 + erf(x / math.sqrt(2.0)))).astype(x.dtype)
+
+
+@register
+def mlp_block(size):
+    t, d, h = _pick(size, (32, 64, 256), (512, 768, 3072))
+    specs = [("x", (t, d), "float32"), ("w1", (d, h), "float32"), ("b1", (h,), "float32"),
+             ("w2", (h, d), "float32"), ("b2", (d,), "float32")]
+
+    def body(bb, x, w1, b1, w2, b2):
+        y = bb.emit(R.add(bb.emit(R.matmul(x, w1)), b1))
+        y = bb.emit(R.nn.gelu(y))
+        y = bb.emit(R.add(bb.emit(R.matmul(y, w2)), b2))
+        return bb.emit(R.add(y, x))
+
+    def ref(x, w1, b1, w2, b2):
+        return _np_gelu(x @ w1 + b1) @ w2 + b2 + x
+
+    return _wl("mlp_block", size, specs, body, ref, rtol=1e-3, atol=1e-3)
+
+
+@register
+def attention(size):
+    b, s, h, dh = _pick(size, (1, 16, 2, 8), (1, 128, 8, 64))
+    dm = h * dh
+    specs = [("q", (b, s, dm), "float32"), ("k", (b, s, dm), "float32"), ("v", (b, s, dm), "float32")]
+
+    def heads(bb, t):
+        return bb.emit(R.permute_dims(bb.emit(R.reshape(t, (b, s, h, dh))), [0, 2, 1, 3]))
+
+    def body(bb, q, k, v):
+        qh, kh, vh = heads(bb, q), heads(bb, k), heads(bb, v)
+        kt = bb.emit(R.permute_dims(kh, [0, 1, 3, 2]))
+        sc = bb.emit(R.multiply(bb.emit(R.matmul(qh, kt)), relax.const(1.0 / math.sqrt(dh), "float32")))
+        p = bb.emit(R.nn.softmax(sc, axis=-1))
+        o = bb.emit(R.matmul(p, vh))
+        return bb.emit(R.reshape(bb.emit(R.permute_dims(o, [0, 2, 1, 3])), (b, s, dm)))
+
+    def ref(q, k, v):
+        th = lambda t: t.reshape(b, s, h, dh).transpose(0, 2, 1, 3)
+        p = _np_softmax(th(q) @ th(k).transpose(0, 1, 3, 2) / math.sqrt(dh))
+        return (p @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
+
+    return _wl("attention", size, specs, body, ref, rtol=1e-3, atol=1e-4)
+
+
+@register
+def linear_regression_step(size):
+    """A whole SGD step: forward, MSE loss, gradients written out, and the updates of w and b."""
+    n, d = _pick(size, (64, 16), (8192, 256))
+    lr = 0.01
+    specs = [("x", (n, d), "float32"), ("y", (n, 1), "float32"), ("w", (d, 1), "float32"),
+             ("b", (1,), "float32")]
+
+    def body(bb, x, y, w, b):
+        c = lambda v: relax.const(v, "float32")
+        diff = bb.emit(R.subtract(bb.emit(R.add(bb.emit(R.matmul(x, w)), b)), y))
+        loss = bb.emit(R.mean(bb.emit(R.square(diff))))
+        g = bb.emit(R.multiply(diff, c(2.0 / n)))  # dloss/dpred
+        gw = bb.emit(R.matmul(bb.emit(R.permute_dims(x, [1, 0])), g))
+        gb = bb.emit(R.sum(g, axis=[0]))
+        w2 = bb.emit(R.subtract(w, bb.emit(R.multiply(gw, c(lr)))))
+        b2 = bb.emit(R.subtract(b, bb.emit(R.multiply(gb, c(lr)))))
+        return [loss, w2, b2]
+
+    def ref(x, y, w, b):
+        diff = x @ w + b - y
+        g = diff * (2.0 / n)
+        return (np.float32((diff.astype("float64") ** 2).mean()), w - lr * (x.T @ g), b - lr * g.sum(0))
+
+    return _wl("linear_regression_step", size, specs, body, ref, rtol=1e-3, atol=1e-4)
