@@ -1,0 +1,151 @@
+"""The measuring runtime: what a compiled module costs per inference.
+
+- launches: static (call_tir sites in main; for CUDA, __global__ kernels per site) and dynamic
+  (PrimFunc invocations counted while running, through vm.set_instrument)
+- bytes moved: global-memory bytes each kernel reads (its tensor arguments) and writes (its outputs),
+  summed over call sites, plus the number of global tensor reads and writes
+- peak memory of intermediates: with TVM's StaticPlanBlockMemory (sum of planned storages) and
+  without it (liveness peak: each intermediate freed after its last use)
+- latency: time_evaluator with warm-up and repeats; median, p10, p90
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .relax_utils import call_tir_sites, tensor_bytes
+
+
+@dataclass
+class Measurement:
+    variant: str
+    launches: int
+    dynamic_launches: int | None
+    bytes_moved: int
+    global_reads: int
+    global_writes: int
+    peak_memory_bytes: int  # planned (StaticPlanBlockMemory)
+    peak_memory_unplanned_bytes: int
+    latency_ms: dict = field(default_factory=dict)  # median / p10 / p90 / repeats
+
+    def as_dict(self):
+        return asdict(self)
+
+
+def bytes_moved(mod: tvm.IRModule) -> tuple[int, int, int]:
+    """(bytes, tensor reads, tensor writes) of all kernels of main, per inference."""
+    total = reads = writes = 0
+    for var, _, args, out_ty in call_tir_sites(mod["main"]):
+        for a in args:
+            if isinstance(a.ty, relax.TensorType):
+                total += tensor_bytes(a.ty)
+                reads += 1
+        total += tensor_bytes(out_ty)
+        writes += len(out_ty.fields) if isinstance(out_ty, relax.TupleType) else 1
+    return total, reads, writes
+
+
+def _free_vars(expr):
+    return relax.analysis.free_vars(expr)
+
+
+def unplanned_peak(mod: tvm.IRModule) -> int:
+    """Liveness peak of intermediates of main: a tensor lives from its binding to its last use."""
+    func = mod["main"]
+    bindings = [bd for b in func.body.blocks for bd in b.bindings]
+    outputs = {v for v in _free_vars(func.body.body)}
+    last_use = {}
+    for i, bd in enumerate(bindings):
+        for v in _free_vars(bd.value):
+            last_use[v] = i
+    alive, cur, peak = {}, 0, 0
+    for i, bd in enumerate(bindings):
+        v = bd.value
+        if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
+            if bd.var not in outputs:
+                alive[bd.var] = tensor_bytes(bd.var.ty)
+                cur += alive[bd.var]
+        peak = max(peak, cur)
+        for var in [k for k in alive if last_use.get(k, -1) <= i]:
+            cur -= alive.pop(var)
+    return peak
+
+
+@relax.expr_functor.visitor
+class _StorageCollector(relax.PyExprVisitor):
+    def __init__(self):
+        self.sizes = []
+
+    def visit_call_(self, call):
+        if isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.memory.alloc_storage":
+            self.sizes.append(int(call.args[0].values[0]))
+        super().visit_call_(call)
+
+
+def planned_peak(mod: tvm.IRModule) -> int:
+    T = relax.transform
+    lowered = tvm.transform.Sequential(
+        [T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(), T.StaticPlanBlockMemory()]
+    )(mod)
+    c = _StorageCollector()
+    c.visit_expr(lowered["main"])
+    return sum(c.sizes)
+
+
+class KernelCounter:
+    """vm.set_instrument hook: counts PrimFunc invocations and their host-side time."""
+
+    def __init__(self, dev):
+        self.dev, self.counts, self.times, self._t0 = dev, {}, {}, {}
+
+    def __call__(self, func, func_symbol, before_run, ret_value, *args):
+        if before_run:
+            self._t0[func_symbol] = time.perf_counter()
+        else:
+            self.dev.sync()
+            self.counts[func_symbol] = self.counts.get(func_symbol, 0) + 1
+            dt = time.perf_counter() - self._t0[func_symbol]
+            self.times[func_symbol] = self.times.get(func_symbol, 0.0) + dt
+        return 0  # VMInstrumentReturnKind.NO_OP
+
+    def kernels(self):
+        return {k: v for k, v in self.counts.items() if not k.startswith("vm.builtin")}
+
+
+def dynamic_launches(compiled, args) -> tuple[int, dict]:
+    vm = compiled.vm()
+    kc = KernelCounter(compiled.device)
+    vm.set_instrument(kc)
+    vm["main"](*args)
+    k = kc.kernels()
+    return sum(k.values()), {n: {"calls": k[n], "ms": kc.times[n] * 1e3} for n in k}
+
+
+def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50) -> dict:
+    vm = compiled.vm()
+    vm["main"](*args)  # warm-up
+    t0 = time.perf_counter()
+    vm["main"](*args)
+    one = time.perf_counter() - t0
+    number = number or max(1, min(100, int(0.01 / max(one, 1e-6))))
+    res = vm.time_evaluator("main", compiled.device, number=number, repeat=repeat,
+                            min_repeat_ms=min_repeat_ms)(*args)
+    r = np.array(res.results) * 1e3
+    return {"median": float(np.median(r)), "p10": float(np.percentile(r, 10)),
+            "p90": float(np.percentile(r, 90)), "repeats": len(r), "number": number}
+
+
+def measure(compiled, inputs, run: bool = True, repeat: int = 15) -> Measurement:
+    """Static figures always; dynamic launches and latency when `run` and the device exists."""
+    nbytes, reads, writes = bytes_moved(compiled.mod)
+    m = Measurement(compiled.fusion, compiled.launches, None, nbytes, reads, writes,
+                    planned_peak(compiled.mod), unplanned_peak(compiled.mod))
+    if run:
+        args = compiled.convert_inputs(inputs)
+        m.dynamic_launches, _ = dynamic_launches(compiled, args)
+        m.latency_ms = latency(compiled, args, repeat=repeat)
+    return m

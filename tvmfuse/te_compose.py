@@ -1,0 +1,133 @@
+"""Compose Relax ops into TE: each op's own legalizer (FLegalize) run against a recording builder.
+
+TVM's legalizers are written as `bb.call_te(topi_fn, *relax_args, **kw)`. `OpToTE` hands them a
+builder whose `call_te` maps the Relax arguments to TE tensors already built for the group (or to
+new placeholders for the group's inputs) and records the TE result instead of emitting a PrimFunc.
+So a fused group is ONE TE compute definition made of the ops' own computes. A legalizer that does
+anything else (emits several calls, returns a Relax expression) is refused: NotComposable.
+"""
+from __future__ import annotations
+
+import tvm
+import tvm_ffi
+from tvm import relax, te
+
+
+class NotComposable(Exception):
+    """The op cannot be expressed as one TE compute through its legalizer; the reason is the message."""
+
+
+class _Recorded:
+    def __init__(self, tensors):
+        self.tensors = tensors
+
+
+_ENV: list = []  # the OpToTE of the legalizer call in flight (a stack; FFI objects take no attributes)
+
+
+_ORIG_CALL_TE = relax.BlockBuilder.call_te
+
+
+def _recording_call_te(self, func, *args, **kwargs):
+    """BlockBuilder.call_te while a legalizer runs for OpToTE: record the TE instead of emitting.
+    A real BlockBuilder is needed because legalizers hand it to FFI helpers (type inference); FFI
+    objects take no Python subclass, so the method is swapped for the duration of the call."""
+    if not _ENV or not self.same_as(_ENV[-1][1]):
+        return _ORIG_CALL_TE(self, func, *args, **kwargs)
+    env = _ENV[-1][0]
+    kwargs.pop("primfunc_name_hint", None)
+    kwargs.pop("primfunc_attrs", None)
+    te_args = [env.convert(a) for a in args]
+    te_kwargs = {k: env.convert(v) for k, v in kwargs.items()}
+    out = func(*te_args, **te_kwargs)
+    return _Recorded(list(out) if isinstance(out, (list, tuple)) else [out])
+
+
+class OpToTE:
+    """Build TE tensors for a sequence of Relax bindings. `inputs` lists the placeholders created for
+    the group's external tensors (in first-use order), `source` the Relax exprs they stand for."""
+
+    def __init__(self):
+        self.values = {}  # relax Var -> te.Tensor or list of te.Tensor (tuple-valued ops)
+        self.inputs, self.sources = [], []
+
+    def convert(self, arg):
+        if isinstance(arg, (list, tuple, tvm_ffi.Array)):
+            return [self.convert(a) for a in arg]
+        if tvm.ir.is_prim_expr(arg):  # scalars the legalizer already turned into TIR constants
+            return arg
+        if isinstance(arg, relax.ShapeExpr):
+            return list(arg.values)
+        if isinstance(arg, relax.Tuple):
+            return [self.convert(a) for a in arg.fields]
+        if isinstance(arg, relax.Expr) and not isinstance(arg, (relax.Var, tvm.ir.expr.Constant)):
+            raise NotComposable(f"argument {type(arg).__name__} is not a tensor variable")
+        if isinstance(arg, (relax.Var, tvm.ir.expr.Constant)):
+            if isinstance(arg, relax.Var) and arg in self.values:
+                return self.values[arg]
+            for src, ph in zip(self.sources, self.inputs):
+                if src.same_as(arg):
+                    return ph
+            ty = arg.ty
+            if not isinstance(ty, relax.TensorType) or (ty.shape is None and ty.ndim != 0):
+                raise NotComposable(f"argument of type {ty} is not a tensor of known shape")
+            shape = list(ty.shape.values) if ty.shape is not None else []
+            if any(not isinstance(s, tvm.tirx.IntImm) for s in shape):
+                raise NotComposable("symbolic shapes are not fused yet")
+            name = arg.name if isinstance(arg, relax.Var) else f"const{len(self.inputs)}"
+            ph = te.placeholder(shape, ty.dtype, name=name)
+            self.inputs.append(ph)
+            self.sources.append(arg)
+            return ph
+        return arg
+
+    def bind(self, var: relax.Var, value: relax.Expr):
+        """Record the TE for `var = value` (an op call or a TupleGetItem of a recorded tuple)."""
+        if isinstance(value, relax.TupleGetItem):
+            tup = self.values.get(value.tuple_value)
+            if not isinstance(tup, list):
+                raise NotComposable("TupleGetItem of a tuple produced outside the group")
+            self.values[var] = tup[value.index]
+            return
+        self.values[var] = op_to_te(value, self)
+
+
+def legalizer(call: relax.Call):
+    if not isinstance(call, relax.Call) or not isinstance(call.op, tvm.ir.Op):
+        raise NotComposable("not a call of a Relax operator")
+    name = call.op.name
+    if name in ("relax.call_tir", "relax.call_dps_packed", "relax.call_packed"):
+        raise NotComposable(f"{name} is an external kernel (opaque)")
+    fl = call.op.get_attr("FLegalize")
+    if fl is None:
+        raise NotComposable(f"{name} has no TE legalization")
+    return fl
+
+
+def op_to_te(call: relax.Call, env: OpToTE):
+    fl = legalizer(call)
+    bb = relax.BlockBuilder()
+    _ENV.append((env, bb))
+    relax.BlockBuilder.call_te = _recording_call_te
+    try:
+        res = fl(bb, call)
+    except NotComposable:
+        raise
+    except Exception as err:
+        raise NotComposable(f"{call.op.name}: legalizer failed on TE inputs ({type(err).__name__}: {err})")
+    finally:
+        _ENV.pop()
+        if not _ENV:
+            relax.BlockBuilder.call_te = _ORIG_CALL_TE
+    if not isinstance(res, _Recorded):
+        raise NotComposable(f"{call.op.name}: legalizer does not produce a single TE compute")
+    out = res.tensors
+    return out if isinstance(call.ty, relax.TupleType) else out[0]
+
+
+def single_op_primfunc(call: relax.Call) -> tvm.tirx.PrimFunc:
+    """The PrimFunc of one op alone, built through the same path (used by classification)."""
+    env = OpToTE()
+    out = op_to_te(call, env)
+    outs = out if isinstance(out, list) else [out]
+    return te.create_prim_func(env.inputs + outs)
