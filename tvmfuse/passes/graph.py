@@ -1,0 +1,119 @@
+"""The dataflow graph of one Relax dataflow block, as fusion sees it.
+
+A node is an op binding (its class from tvmfuse.classify); a TupleGetItem of a node's tuple is an
+alias of that node. Other bindings (tuples built for outputs, ...) are external users.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from ..classify import COMPUTE, REDUCTION, classify_call
+from ..relax_utils import static_shape, tensor_bytes
+
+
+@dataclass
+class Node:
+    idx: int  # position in the block
+    var: relax.Var
+    call: relax.Call
+    cls: str
+    reason: str
+    aliases: list = field(default_factory=list)  # TupleGetItem bindings of this node's tuple
+    escapes: bool = False  # the tuple value itself is used by a non-TupleGetItem
+
+    @property
+    def name(self):
+        return self.var.name
+
+    @property
+    def op(self):
+        return self.call.op.name.replace("relax.", "")
+
+    @property
+    def shape(self):
+        ty = self.var.ty
+        if isinstance(ty, relax.TupleType):
+            ty = ty.fields[0]
+        return static_shape(ty)
+
+    def row_space(self):
+        """For a reduction: (kept leading dims, True) when it reduces trailing axes; else
+        (input shape, False): it may then only fuse with ops of exactly that input shape."""
+        if self.cls != REDUCTION:
+            return None
+        in_shape = static_shape(self.call.args[0].ty)
+        if in_shape is None:
+            return None
+        n = len(in_shape)
+        attrs = self.call.attrs
+        axes = None
+        for key in ("axis", "axes"):
+            val = getattr(attrs, key, None) if attrs is not None else None
+            if val is not None:
+                axes = val
+                break
+        if axes is None:
+            axes = list(range(n))
+        elif not isinstance(axes, (list, tuple, tvm_ffi_array())):
+            axes = [axes]
+        axes = sorted({int(a) % n for a in axes}) if n else []
+        if axes == list(range(n - len(axes), n)):
+            return tuple(in_shape[: n - len(axes)]), True
+        return tuple(in_shape), False
+
+
+def tvm_ffi_array():
+    import tvm_ffi
+
+    return tvm_ffi.Array
+
+
+class BlockGraph:
+    def __init__(self, block: relax.DataflowBlock, outputs: set):
+        self.block = block
+        self.bindings = list(block.bindings)
+        self.nodes: list[Node] = []
+        self.node_of_var: dict = {}  # var (incl. aliases) -> Node
+        for i, bd in enumerate(self.bindings):
+            v = bd.value
+            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op):
+                cls, reason, _ = classify_call(v)
+                n = Node(i, bd.var, v, cls, reason)
+                self.nodes.append(n)
+                self.node_of_var[bd.var] = n
+            elif isinstance(v, relax.TupleGetItem) and v.tuple_value in self.node_of_var:
+                n = self.node_of_var[v.tuple_value]
+                n.aliases.append(bd)
+                self.node_of_var[bd.var] = n
+        # users: node -> set of nodes / "external" (-1) consuming any of its vars
+        self.users = {n.idx: set() for n in self.nodes}
+        self.producers = {n.idx: set() for n in self.nodes}
+        self.external_uses = {n.idx: set() for n in self.nodes}  # vars used outside ops
+        for i, bd in enumerate(self.bindings):
+            v = bd.value
+            user = self.node_of_var.get(bd.var)
+            for fv in relax.analysis.free_vars(v):
+                prod = self.node_of_var.get(fv)
+                if prod is None:
+                    continue
+                if user is not None and user is not prod:
+                    self.users[prod.idx].add(user.idx)
+                    self.producers[user.idx].add(prod.idx)
+                elif user is None:
+                    self.external_uses[prod.idx].add(fv)
+                    if fv.same_as(prod.var) and isinstance(prod.var.ty, relax.TupleType):
+                        prod.escapes = True
+        for n in self.nodes:
+            for v in [n.var] + [a.var for a in n.aliases]:
+                if v in outputs:
+                    self.external_uses[n.idx].add(v)
+        self.by_idx = {n.idx: n for n in self.nodes}
+
+    def out_bytes(self, idx):
+        return tensor_bytes(self.by_idx[idx].var.ty)
+
+    def is_anchor(self, idx):
+        return self.by_idx[idx].cls == COMPUTE

@@ -1,0 +1,94 @@
+"""Fusion legality: may these two groups share one kernel without changing the math?
+
+Each rule is (name, check) with check(graph, members, knobs) -> None (ok) or a reason. Rules look
+at the merged member set only; profitability is decided elsewhere (profitability.py). Reduction
+order and accumulation dtype are kept by construction: every op keeps its own TE compute.
+"""
+from __future__ import annotations
+
+from ..classify import BROADCAST, COMPUTE, ELEMENTWISE, INJECTIVE, OPAQUE, REDUCTION
+
+
+def _opaque(g, members, knobs):
+    for i in members:
+        n = g.by_idx[i]
+        if n.cls == OPAQUE:
+            return f"{n.name} ({n.op}) is opaque: {n.reason}"
+        if n.escapes:
+            return f"{n.name} ({n.op}) is used as a whole tuple outside its group"
+        if n.shape is None and n.cls != OPAQUE and not n.aliases:
+            return f"{n.name} ({n.op}) has no static shape"
+    return None
+
+
+def _size(g, members, knobs):
+    if len(members) > knobs["max_group_size"]:
+        return f"group would hold {len(members)} ops > max_group_size={knobs['max_group_size']}"
+    return None
+
+
+def _anchors(g, members, knobs):
+    anchors = [g.by_idx[i] for i in members if g.by_idx[i].cls == COMPUTE]
+    if len(anchors) > 1:
+        return f"two compute-heavy ops ({anchors[0].name}, {anchors[1].name}) in one kernel"
+    if anchors and any(g.by_idx[i].cls == REDUCTION for i in members):
+        red = next(g.by_idx[i] for i in members if g.by_idx[i].cls == REDUCTION)
+        return (f"reduction {red.name} ({red.op}) with compute-heavy {anchors[0].name}: it needs the whole "
+                "output of the anchor (a grid-wide barrier on GPU)")
+    return None
+
+
+def _compatible(shape, row):
+    return shape is not None and tuple(shape[: len(row)]) == tuple(row)
+
+
+def _reduction_space(g, members, knobs):
+    reds = [g.by_idx[i] for i in members if g.by_idx[i].cls == REDUCTION]
+    if not reds:
+        return None
+    spaces = {r.name: r.row_space() for r in reds}
+    if any(s is None for s in spaces.values()):
+        return "a reduction without a static iteration space"
+    first = reds[0]
+    row, trailing = spaces[first.name]
+    for r in reds[1:]:
+        if spaces[r.name] != (row, trailing):
+            return (f"reductions {first.name} and {r.name} iterate over different spaces "
+                    f"({list(row)} vs {list(spaces[r.name][0])}): not stitchable into one row loop")
+    if len(reds) > 1 and not knobs["stitch_reductions"]:
+        return "reduction stitching disabled (stitch_reductions=False)"
+    for i in members:
+        n = g.by_idx[i]
+        if n.cls == REDUCTION:
+            continue
+        ok = _compatible(n.shape, row) if trailing else tuple(n.shape or ()) in (row, tuple(first.shape or ()))
+        if not ok:
+            return (f"{n.name} ({n.op}, shape {list(n.shape or [])}) does not iterate over the rows "
+                    f"{list(row)} of reduction {first.name}")
+    return None
+
+
+def _multi_output(g, members, knobs):
+    if knobs["multi_output"]:
+        return None
+    outs = [i for i in members if g.external_uses[i] or (g.users[i] - members)]
+    if len(outs) > 1:
+        return "group would have several outputs (multi_output=False)"
+    return None
+
+
+RULES = [("opaque", _opaque), ("max_group_size", _size), ("anchor", _anchors),
+         ("reduction_space", _reduction_space), ("multi_output", _multi_output)]
+
+
+def check(g, members, knobs):
+    """(rule, reason) of the first rule that refuses, or None when the merge is legal."""
+    for name, rule in RULES:
+        reason = rule(g, members, knobs)
+        if reason:
+            return name, reason
+    return None
+
+
+ELEMENTWISE_LIKE = (ELEMENTWISE, BROADCAST)
+__all__ = ["check", "RULES", "ELEMENTWISE_LIKE", "INJECTIVE"]

@@ -1,0 +1,133 @@
+"""Plan fusion groups over one dataflow block: score-ordered greedy merging (Inductor's way).
+
+Candidates are producer->consumer edges between groups and sibling pairs (groups reading the same
+external input). The best-scored candidate that is legal (legality.py) and creates no cycle is
+merged; repeat until none is left. Refusals of the final plan are logged on `tvmfuse.fusion`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tvm import relax
+
+from . import legality, profitability
+from .graph import BlockGraph
+
+log = logging.getLogger("tvmfuse.fusion")
+
+DEFAULT_KNOBS = {
+    "max_group_size": 64,  # ops per fused kernel
+    "allow_recompute": False,  # let elementwise producers be recomputed inside matmul/conv
+    "multi_output": True,  # groups may write several outputs (add + RMSNorm)
+    "stitch_reductions": True,  # several reductions over the same rows in one kernel
+    "sibling": True,  # horizontal fusion of consumers of one input
+}
+
+
+@dataclass
+class Plan:
+    graph: BlockGraph
+    groups: list  # list of sorted lists of node idx
+    refused: list = field(default_factory=list)  # (group a names, group b names, rule, reason)
+
+
+def _reaches(g, group_of, src_gid, dst_gid, members_by_gid):
+    """Is there a path src -> ... -> dst in the group graph that leaves src first?"""
+    stack = [c for p in members_by_gid[src_gid] for c in g.users[p] if group_of[c] != src_gid]
+    seen = set()
+    while stack:
+        n = stack.pop()
+        gid = group_of[n]
+        if gid == dst_gid:
+            return True
+        if gid in seen:
+            continue
+        seen.add(gid)
+        stack.extend(c for p in members_by_gid[gid] for c in g.users[p] if group_of[c] != gid)
+    return False
+
+
+def _creates_cycle(g, group_of, ga, gb, members):
+    """Merging is cyclic iff a path between them runs through a third group."""
+    for s, d in ((ga, gb), (gb, ga)):
+        stack = [c for p in members[s] for c in g.users[p] if group_of[c] not in (s, d)]
+        seen = set()
+        while stack:
+            n = stack.pop()
+            gid = group_of[n]
+            if gid == d:
+                return True
+            if gid in seen:
+                continue
+            seen.add(gid)
+            stack.extend(c for p in members[gid] for c in g.users[p] if group_of[c] != gid)
+    return False
+
+
+def _candidates(g, group_of, members, knobs):
+    seen = set()
+    for n in g.nodes:
+        for c in g.users[n.idx]:
+            key = tuple(sorted((group_of[n.idx], group_of[c])))
+            if key[0] != key[1] and key not in seen:
+                seen.add(key)
+                yield key, ()
+    if not knobs["sibling"]:
+        return
+    readers = {}
+    for n in g.nodes:
+        for a in n.call.args:
+            if isinstance(a, relax.Var) and a not in g.node_of_var:
+                readers.setdefault(a, set()).add(group_of[n.idx])
+    for var, gids in readers.items():
+        gids = sorted(gids)
+        for i, x in enumerate(gids):
+            for y in gids[i + 1:]:
+                if (x, y) not in seen:
+                    seen.add((x, y))
+                    yield (x, y), (var,)
+
+
+def plan(block, outputs, knobs=None) -> Plan:
+    knobs = {**DEFAULT_KNOBS, **(knobs or {})}
+    g = BlockGraph(block, outputs)
+    group_of = {n.idx: n.idx for n in g.nodes}
+    members = {n.idx: {n.idx} for n in g.nodes}
+    while True:
+        scored = []
+        for (x, y), shared in _candidates(g, group_of, members, knobs):
+            s, _ = profitability.score(g, members[x], members[y], knobs, shared)
+            if s is not None:
+                scored.append((s, x, y))
+        merged = False
+        for s, x, y in sorted(scored, key=lambda t: (-t[0], t[1], t[2])):
+            if legality.check(g, members[x] | members[y], knobs) or _creates_cycle(g, group_of, x, y, members):
+                continue
+            members[x] |= members.pop(y)
+            for i in members[x]:
+                group_of[i] = x
+            merged = True
+            break
+        if not merged:
+            break
+    p = Plan(g, [sorted(m) for m in sorted(members.values(), key=min)])
+    _record_refusals(p, group_of, members, knobs)
+    return p
+
+
+def _record_refusals(p, group_of, members, knobs):
+    g = p.graph
+    for (x, y), shared in _candidates(g, group_of, members, knobs):
+        res = legality.check(g, members[x] | members[y], knobs)
+        if res is None and _creates_cycle(g, group_of, x, y, members):
+            res = ("cycle", "merging would create a cycle through another group")
+        if res is None:
+            _, why = profitability.score(g, members[x], members[y], knobs, shared)
+            res = ("profitability", why) if why else None
+        if res is None:
+            continue
+        names = lambda gid: [g.by_idx[i].name for i in sorted(members[gid])]
+        kind = "sibling" if shared else "edge"
+        p.refused.append((names(x), names(y), kind, res[0], res[1]))
+        log.info("refused %s %s + %s: [%s] %s", kind, names(x), names(y), res[0], res[1])

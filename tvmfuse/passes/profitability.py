@@ -1,0 +1,35 @@
+"""Fusion profitability: a sortable score for merging two legal groups.
+
+score = bytes of global traffic saved - bytes of recompute added. An edge inside the merged group
+saves the consumer's read of the tensor, and its write when nothing outside uses it; siblings save
+the second read of their shared input. An elementwise producer inlined into a compute-heavy
+consumer is recomputed once per reduction step: refused unless allow_recompute.
+"""
+from __future__ import annotations
+
+from ..classify import BROADCAST, COMPUTE, ELEMENTWISE
+from ..relax_utils import tensor_bytes
+
+
+def score(g, a: set, b: set, knobs, shared_inputs=()):
+    merged = a | b
+    saved = 0
+    for src, dst in ((a, b), (b, a)):
+        for p in src:
+            crossing = g.users[p] & dst
+            if not crossing:
+                continue
+            nbytes = g.out_bytes(p)
+            saved += nbytes  # one read fewer
+            if not g.external_uses[p] and not (g.users[p] - merged):
+                saved += nbytes  # and no write at all
+            n = g.by_idx[p]
+            if n.cls in (ELEMENTWISE, BROADCAST) and any(g.by_idx[c].cls == COMPUTE for c in crossing):
+                if not knobs["allow_recompute"]:
+                    return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy "
+                                  f"{g.by_idx[next(iter(crossing))].name} (allow_recompute=False)")
+                saved -= nbytes * 8
+    saved += sum(tensor_bytes(v.ty) for v in shared_inputs)
+    if saved <= 0:
+        return None, f"not profitable: saves {saved} bytes"
+    return saved, None
