@@ -57,7 +57,10 @@ def unplanned_peak(mod: tvm.IRModule) -> int:
     """Liveness peak of intermediates of main: a tensor lives from its binding to its last use."""
     func = mod["main"]
     bindings = [bd for b in func.body.blocks for bd in b.bindings]
-    outputs = {v for v in _free_vars(func.body.body)}
+    outputs = set(_free_vars(func.body.body))
+    for bd in reversed(bindings):  # a var bound to an output by alias/tuple is an output too
+        if bd.var in outputs and isinstance(bd.value, (relax.Var, relax.Tuple, relax.TupleGetItem)):
+            outputs |= set(_free_vars(bd.value))
     last_use = {}
     for i, bd in enumerate(bindings):
         for v in _free_vars(bd.value):

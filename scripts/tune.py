@@ -1,0 +1,101 @@
+#!/usr/bin/env python
+"""tvmfuse main job: build zoo workloads (or one model) under each fusion variant and print what
+fusion bought: launches, bytes moved, peak memory, latency, side by side in one run.
+
+With no arguments: every zoo workload, bench shapes, on llvm (the host CPU).
+Tuning flags (--trials, --logs, --rpc-tracker, ...) arrive with the tuning work.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse(argv=None):
+    from tvmfuse import workloads
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="all",
+                    help=f"zoo workload name, or 'all' (default). Known: {', '.join(workloads.names())}")
+    ap.add_argument("--size", default="bench", choices=workloads.SIZES, help="shape set (default: bench)")
+    ap.add_argument("--target", default="llvm", help="llvm (default, host CPU) or cuda (compile-only without a GPU)")
+    ap.add_argument("--arch", default="sm_90", help="CUDA arch (default sm_90)")
+    ap.add_argument("--variants", default="none,tvm,tvmfuse", help="comma-separated fusion variants")
+    ap.add_argument("--repeat", type=int, default=15, help="time_evaluator repeats (median reported)")
+    ap.add_argument("--json", metavar="PATH", help="write all tables as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="write all tables as markdown")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    import tvm
+    from tqdm import tqdm
+
+    import tvmfuse
+    from tvmfuse import workloads
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.target import resolve
+
+    try:
+        target = resolve(args.target, arch=args.arch)
+        names = workloads.names() if args.model == "all" else [workloads.get(args.model).name]
+    except TvmfuseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    run = target.kind.name != "cuda" or tvm.cuda(0).exist
+    if not run:
+        print("note: no CUDA device here; building and counting kernels only (no latency)", file=sys.stderr)
+    variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    results = []
+    for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
+        w = workloads.get(name, args.size)
+        cmp = tvmfuse.compare(w.mod, w.inputs(), target, variants, reference=w.reference(*w.inputs()) if run else None,
+                              name=f"{name} [{args.size}]", rtol=w.rtol, atol=w.atol, run=run, repeat=args.repeat)
+        cmp.target = args.target
+        tqdm.write(str(cmp) + "\n", file=sys.stdout)
+        results.append(cmp)
+    summary = _summary(results, variants)
+    print(summary)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": str(target), "size": args.size, "results": [c.as_dict() for c in results]}, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("\n\n".join(c.to_markdown() for c in results) + "\n\n" + summary + "\n")
+    bad = [c.name for c in results if any(v is False for v in c.checks.values())]
+    if bad:
+        print(f"error: numerics differ from the reference on {bad}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _summary(results, variants):
+    import math
+
+    lines = ["| workload | " + " | ".join(f"{v} launches" for v in variants) + " | "
+             + " | ".join(f"{v} ms" for v in variants) + " | tvmfuse vs tvm |",
+             "|---|" + "---|" * (2 * len(variants) + 1)]
+    logs = []
+    for c in results:
+        by = {r.variant: r for r in c.rows}
+        lat = {v: by[v].latency_ms.get("median") for v in variants if v in by}
+        sp = c.ratios("tvm").get("tvmfuse", {}).get("speedup")
+        if sp:
+            logs.append(math.log(sp))
+        lines.append(f"| {c.name} | " + " | ".join(str(by[v].launches) for v in variants) + " | "
+                     + " | ".join(f"{lat[v]:.3f}" if lat.get(v) else "-" for v in variants)
+                     + f" | {sp:.2f}x |" if sp else f"| {c.name} | " + " | ".join(str(by[v].launches) for v in variants)
+                     + " | " + " | ".join("-" for _ in variants) + " | - |")
+    if logs:
+        lines.append(f"\ngeometric mean speedup tvmfuse vs tvm: {math.exp(sum(logs) / len(logs)):.2f}x "
+                     f"over {len(logs)} workloads")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

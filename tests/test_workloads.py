@@ -1,0 +1,40 @@
+import numpy as np
+import pytest
+
+from tvmfuse import workloads
+from tvmfuse.errors import UnknownWorkloadError
+
+ZOO = ["bias_relu_dropout", "conv_relu_bn_add", "softmax_chain", "softmax_decomposed", "layernorm_decomposed",
+       "rmsnorm_residual", "mlp_block", "attention", "linear_regression_step", "multi_reduce"]
+
+
+def test_zoo_lists_every_required_workload():
+    assert set(ZOO) <= set(workloads.names())
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_inputs_are_deterministic_and_match_the_signature(name):
+    w = workloads.get(name)
+    a, b = w.inputs(), w.inputs()
+    params = w.mod["main"].params
+    assert len(a) == len(params)
+    for x, y, p in zip(a, b, params):
+        np.testing.assert_array_equal(x, y)
+        assert list(x.shape) == [int(s) for s in p.ty.shape.values]
+
+
+def test_bench_shapes_are_the_documented_ones():
+    assert workloads.get("bias_relu_dropout", "bench").input_specs[0][1] == (4096, 1024)
+    assert workloads.get("layernorm_decomposed", "bench").input_specs[0][1] == (4096, 768)
+    assert workloads.get("conv_relu_bn_add", "bench").input_specs[0][1] == (1, 64, 56, 56)
+    assert workloads.get("mlp_block", "bench").input_specs[0][1] == (512, 768)
+
+
+def test_unknown_workload_lists_the_names():
+    with pytest.raises(UnknownWorkloadError, match="softmax_chain"):
+        workloads.get("no_such_model")
+
+
+def test_unknown_size_is_named():
+    with pytest.raises(UnknownWorkloadError, match="huge"):
+        workloads.get("softmax_chain", "huge")
