@@ -14,18 +14,14 @@ log = logging.getLogger("tvmfuse.schedule")
 def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Schedule every unscheduled PrimFunc of `mod` for `target`. Returns a new module."""
     mod = mod.clone()
-    if target.kind.name == "cuda":
-        with target:
-            return dl.ApplyDefaultSchedule(*cuda.rules())(mod)
+    rules = cuda.rules() if target.kind.name == "cuda" else cpu.RULES
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
     for gv, func in mod.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs and func.attrs.get("tirx.is_scheduled"):
             continue
-        sched, rule = apply_rules(func, target, cpu.RULES)
+        sched, rule = apply_rules(func, target, rules)
         if rule is None:
-            log.info("no CPU schedule rule applied to %s; left unscheduled", gv.name_hint)
+            log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
+            continue
         out[gv] = sched.with_attr("tirx.is_scheduled", True)
     return out
-
-
-from tvm.s_tir import dlight as dl  # noqa: E402  (after the function, keeps the import local to GPU use)
