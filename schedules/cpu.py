@@ -45,18 +45,19 @@ def _inline_injective(sch):
 
 
 def _is_output(sch, block_rv):
-    func = sch.mod["main"]
-    outs = {func.buffer_map[p].data for p in func.params if p in func.buffer_map}
-    return any(w.buffer.data in outs for w in sch.get(block_rv).writes)
+    params = sch.mod["main"].params  # 0.27: params are the buffers; a region's buffer is .source
+    return any(any(w.source.same_as(p) for p in params) for w in sch.get(block_rv).writes)
 
 
 def _block_bits(sch, block_rv):
     writes = sch.get(block_rv).writes
-    return writes[0].buffer.dtype.bits if writes else 32
+    return tvm.runtime.DataType(str(writes[0].source.dtype)).bits if writes else 32
 
 
 def _schedule_spatial(sch, info):
     loops = info.get_loops()
+    if not loops:  # a 0-d output (the divide of a full mean): nothing to parallelise
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = _extent(sch, fused)
     lanes = _lanes(_block_bits(sch, info.block_rv))

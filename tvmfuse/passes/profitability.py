@@ -28,7 +28,7 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
                 if not knobs["allow_recompute"]:
                     return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy "
                                   f"{g.by_idx[next(iter(crossing))].name} (allow_recompute=False)")
-                saved -= nbytes * 8
+                saved -= nbytes  # the producer's read is traded for recomputation, not saved
     saved += sum(tensor_bytes(v.ty) for v in shared_inputs)
     if saved <= 0:
         return None, f"not profitable: saves {saved} bytes"
