@@ -7,4 +7,4 @@ def tvmfuse_passes(knobs):
     from .fuse_groups_te import FuseGroupsTE
 
     T = relax.transform
-    return [FuseGroupsTE(**knobs), T.LegalizeOps(), T.AnnotateTIROpPattern()]
+    return [T.DeadCodeElimination(), FuseGroupsTE(**knobs), T.LegalizeOps(), T.AnnotateTIROpPattern()]
