@@ -128,13 +128,16 @@ def dynamic_launches(compiled, args) -> tuple[int, dict]:
     return sum(k.values()), {n: {"calls": k[n], "ms": kc.times[n] * 1e3} for n in k}
 
 
-def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50) -> dict:
+def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50, budget_s=3.0) -> dict:
+    """Median of `repeat` timings (each the mean of `number` runs). Slow modules (a naive matmul
+    takes seconds) get fewer repeats, at least 3, so one measurement stays near `budget_s`."""
     vm = compiled.vm()
     vm["main"](*args)  # warm-up
     t0 = time.perf_counter()
     vm["main"](*args)
     one = time.perf_counter() - t0
     number = number or max(1, min(100, int(0.01 / max(one, 1e-6))))
+    repeat = max(3, min(repeat, int(budget_s / max(one * number, min_repeat_ms / 1e3, 1e-6))))
     res = vm.time_evaluator("main", compiled.device, number=number, repeat=repeat,
                             min_repeat_ms=min_repeat_ms)(*args)
     r = np.array(res.results) * 1e3

@@ -225,7 +225,9 @@ def multi_reduce(size):
         x64 = x.astype("float64")
         return (np.abs(x).max(), x64.mean().astype("float32"), (x64 * x64).mean().astype("float32"))
 
-    return _wl("multi_reduce", size, specs, body, ref)
+    # float32 accumulation over 2M elements (bench) drifts ~1e-3 from the float64 reference in every
+    # variant, fused or not: the tolerance says so instead of hiding it
+    return _wl("multi_reduce", size, specs, body, ref, rtol=5e-3, atol=1e-5)
 
 
 # ---------------------------------------------------------------- compute-heavy
