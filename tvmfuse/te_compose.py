@@ -22,7 +22,7 @@ class _Recorded:
         self.tensors = tensors
 
 
-_ENV: list = []  # the OpToTE of the legalizer call in flight (a stack; FFI objects take no attributes)
+_ENV: list = []  # (OpToTE, BlockBuilder) of the legalizer calls in flight, innermost last
 
 
 _ORIG_CALL_TE = relax.BlockBuilder.call_te

@@ -108,7 +108,7 @@ def _rewrite_block(bb, block, outputs, knobs, report):
     for u in _topo_units(g, units):
         positions = units[u]
         key = positions[0]
-        if key in fused and len(positions) > 1 or (key in fused and fused[key][0] == [key]):
+        if key in fused:
             members, pf, inputs, outs = fused[key]
             name = _group_name(g, members)
             while name in _TAKEN[-1]:

@@ -32,22 +32,6 @@ class Plan:
     refused: list = field(default_factory=list)  # (group a names, group b names, rule, reason)
 
 
-def _reaches(g, group_of, src_gid, dst_gid, members_by_gid):
-    """Is there a path src -> ... -> dst in the group graph that leaves src first?"""
-    stack = [c for p in members_by_gid[src_gid] for c in g.users[p] if group_of[c] != src_gid]
-    seen = set()
-    while stack:
-        n = stack.pop()
-        gid = group_of[n]
-        if gid == dst_gid:
-            return True
-        if gid in seen:
-            continue
-        seen.add(gid)
-        stack.extend(c for p in members_by_gid[gid] for c in g.users[p] if group_of[c] != gid)
-    return False
-
-
 def _creates_cycle(g, group_of, ga, gb, members):
     """Merging is cyclic iff a path between them runs through a third group."""
     for s, d in ((ga, gb), (gb, ga)):
