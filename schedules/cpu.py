@@ -34,7 +34,7 @@ def _inline_injective(sch):
         if infos is None:
             return None
         for info in infos:
-            if info.is_injective() and not _is_output(sch, info.block_rv):
+            if info.is_injective() and not _is_output(sch, info.block_rv) and not _costly_to_recompute(sch, info):
                 try:
                     sch.compute_inline(info.block_rv)
                     changed = True
@@ -42,6 +42,26 @@ def _inline_injective(sch):
                 except Exception:
                     continue
     return normalize_prim_func(sch)
+
+
+def _costly_to_recompute(sch, info):
+    """Stages kept as in-kernel buffers instead of inlined:
+    - a pure copy (transpose, reshape) read by a reduction: inlined, the matmul would read its
+      operand with strides; materialised, it is a packed operand
+    - a stage read by several consumers that calls a transcendental (exp in softmax): inlining
+      would evaluate it once per consumer"""
+    consumers = sch.get_consumers(info.block_rv)
+    body = sch.get(info.block_rv).body
+    is_copy = isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.tirx.BufferLoad)
+    if is_copy and any(_is_reduction(sch, c) for c in consumers):
+        return True
+    if len(consumers) < 2:
+        return False
+    return any(f"T.{name}(" in str(body) for name in CPU["costly_intrinsics"])
+
+
+def _is_reduction(sch, block_rv):
+    return any(int(iv.iter_type) == 2 for iv in sch.get(block_rv).iter_vars)  # 2 = CommReduce
 
 
 def _is_output(sch, block_rv):
