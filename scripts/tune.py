@@ -83,14 +83,13 @@ def _summary(results, variants):
     logs = []
     for c in results:
         by = {r.variant: r for r in c.rows}
-        lat = {v: by[v].latency_ms.get("median") for v in variants if v in by}
+        launches = [str(by[v].launches) for v in variants]
+        lat = [by[v].latency_ms.get("median") for v in variants]
         sp = c.ratios("tvm").get("tvmfuse", {}).get("speedup")
         if sp:
             logs.append(math.log(sp))
-        lines.append(f"| {c.name} | " + " | ".join(str(by[v].launches) for v in variants) + " | "
-                     + " | ".join(f"{lat[v]:.3f}" if lat.get(v) else "-" for v in variants)
-                     + f" | {sp:.2f}x |" if sp else f"| {c.name} | " + " | ".join(str(by[v].launches) for v in variants)
-                     + " | " + " | ".join("-" for _ in variants) + " | - |")
+        cells = launches + [f"{x:.3f}" if x else "-" for x in lat] + [f"{sp:.2f}x" if sp else "-"]
+        lines.append(f"| {c.name} | " + " | ".join(cells) + " |")
     if logs:
         lines.append(f"\ngeometric mean speedup tvmfuse vs tvm: {math.exp(sum(logs) / len(logs)):.2f}x "
                      f"over {len(logs)} workloads")

@@ -25,17 +25,19 @@ def graph_passes(fusion: str, knobs: dict | None = None) -> list:
     raise ValueError(f"unknown fusion variant {fusion!r}; use one of {VARIANTS}")
 
 
-def lowering_passes(target: tvm.target.Target) -> list:
+def _backend(target: tvm.target.Target):
+    """TVM's per-backend pass lists (relax.pipeline.dataflow_lower_passes is broken in 0.27)."""
     if target.kind.name == "cuda":
-        from tvm.relax.backend.cuda import pipeline as P
+        from tvm.relax.backend.cuda import pipeline
     else:
-        from tvm.relax.backend.cpu_generic import pipeline as P
+        from tvm.relax.backend.cpu_generic import pipeline
+    return pipeline
+
+
+def lowering_passes(target: tvm.target.Target) -> list:
+    P = _backend(target)
     return P.dataflow_lower_passes(target) + P.finalize_passes(target)
 
 
 def library_passes(target: tvm.target.Target) -> list:
-    if target.kind.name == "cuda":
-        from tvm.relax.backend.cuda import pipeline as P
-    else:
-        from tvm.relax.backend.cpu_generic import pipeline as P
-    return P.library_dispatch_passes(target)
+    return _backend(target).library_dispatch_passes(target)

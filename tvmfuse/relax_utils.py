@@ -34,6 +34,3 @@ def call_tir_sites(func: relax.Function):
                 args = list(v.args[1].fields) if isinstance(v.args[1], relax.Tuple) else [v.args[1]]
                 yield bd.var, v.args[0], args, bd.var.ty
 
-
-def main_fn(mod: tvm.IRModule) -> relax.Function:
-    return mod["main"]

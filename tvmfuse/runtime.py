@@ -49,21 +49,17 @@ def bytes_moved(mod: tvm.IRModule) -> tuple[int, int, int]:
     return total, reads, writes
 
 
-def _free_vars(expr):
-    return relax.analysis.free_vars(expr)
-
-
 def unplanned_peak(mod: tvm.IRModule) -> int:
     """Liveness peak of intermediates of main: a tensor lives from its binding to its last use."""
     func = mod["main"]
     bindings = [bd for b in func.body.blocks for bd in b.bindings]
-    outputs = set(_free_vars(func.body.body))
+    outputs = set(relax.analysis.free_vars(func.body.body))
     for bd in reversed(bindings):  # a var bound to an output by alias/tuple is an output too
         if bd.var in outputs and isinstance(bd.value, (relax.Var, relax.Tuple, relax.TupleGetItem)):
-            outputs |= set(_free_vars(bd.value))
+            outputs |= set(relax.analysis.free_vars(bd.value))
     last_use = {}
     for i, bd in enumerate(bindings):
-        for v in _free_vars(bd.value):
+        for v in relax.analysis.free_vars(bd.value):
             last_use[v] = i
     alive, cur, peak = {}, 0, 0
     for i, bd in enumerate(bindings):

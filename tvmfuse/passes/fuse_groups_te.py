@@ -95,15 +95,10 @@ def _rewrite_block(bb, block, outputs, knobs, report):
         fused[members[0]] = (members, pf, inputs, outs)
     if not fused:
         return block
-    grouped = {pos for m, *_ in fused.values() for i in m for pos in [i] + [a_pos(g, a) for a in g.by_idx[i].aliases]}
-    units = []
-    for pos in range(len(g.bindings)):
-        if pos in grouped:
-            for key, (m, *_r) in fused.items():
-                if pos == key:
-                    units.append([q for i in m for q in [i] + [a_pos(g, a) for a in g.by_idx[i].aliases]])
-            continue
-        units.append([pos])
+    group_positions = {key: [q for i in m for q in g.by_idx[i].positions()] for key, (m, *_r) in fused.items()}
+    grouped = {q for qs in group_positions.values() for q in qs}
+    units = [group_positions[pos] if pos in group_positions else [pos]
+             for pos in range(len(g.bindings)) if pos in group_positions or pos not in grouped]
     bindings = []
     for u in _topo_units(g, units):
         positions = units[u]
@@ -125,13 +120,6 @@ def _rewrite_block(bb, block, outputs, knobs, report):
         else:
             bindings += [g.bindings[pos] for pos in positions]
     return relax.DataflowBlock(bindings)
-
-
-def a_pos(g, alias_binding):
-    for pos, bd in enumerate(g.bindings):
-        if bd.same_as(alias_binding):
-            return pos
-    raise KeyError(alias_binding.var.name)
 
 
 def fuse_function(func, bb, knobs, report):

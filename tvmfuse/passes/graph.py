@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from ..classify import COMPUTE, REDUCTION, classify_call
@@ -22,7 +23,12 @@ class Node:
     cls: str
     reason: str
     aliases: list = field(default_factory=list)  # TupleGetItem bindings of this node's tuple
+    alias_pos: list = field(default_factory=list)  # their positions in the block
     escapes: bool = False  # the tuple value itself is used by a non-TupleGetItem
+
+    def positions(self):
+        """Block positions of the node's own binding and its TupleGetItem aliases."""
+        return [self.idx] + self.alias_pos
 
     @property
     def name(self):
@@ -57,18 +63,12 @@ class Node:
                 break
         if axes is None:
             axes = list(range(n))
-        elif not isinstance(axes, (list, tuple, tvm_ffi_array())):
+        elif not isinstance(axes, (list, tuple, tvm_ffi.Array)):
             axes = [axes]
         axes = sorted({int(a) % n for a in axes}) if n else []
         if axes == list(range(n - len(axes), n)):
             return tuple(in_shape[: n - len(axes)]), True
         return tuple(in_shape), False
-
-
-def tvm_ffi_array():
-    import tvm_ffi
-
-    return tvm_ffi.Array
 
 
 class BlockGraph:
@@ -87,6 +87,7 @@ class BlockGraph:
             elif isinstance(v, relax.TupleGetItem) and v.tuple_value in self.node_of_var:
                 n = self.node_of_var[v.tuple_value]
                 n.aliases.append(bd)
+                n.alias_pos.append(i)
                 self.node_of_var[bd.var] = n
         # users: node -> set of nodes / "external" (-1) consuming any of its vars
         self.users = {n.idx: set() for n in self.nodes}

@@ -6,7 +6,7 @@ order and accumulation dtype are kept by construction: every op keeps its own TE
 """
 from __future__ import annotations
 
-from ..classify import BROADCAST, COMPUTE, ELEMENTWISE, INJECTIVE, OPAQUE, REDUCTION
+from ..classify import COMPUTE, OPAQUE, REDUCTION
 
 
 def _opaque(g, members, knobs):
@@ -89,6 +89,3 @@ def check(g, members, knobs):
             return name, reason
     return None
 
-
-ELEMENTWISE_LIKE = (ELEMENTWISE, BROADCAST)
-__all__ = ["check", "RULES", "ELEMENTWISE_LIKE", "INJECTIVE"]
