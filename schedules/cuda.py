@@ -1,13 +1,22 @@
-"""Default CUDA schedules: TVM's dlight GPU rules in the order of the CUDA table, Fallback last.
+"""Default CUDA schedules: tvmfuse's row-reduction rule, then TVM's dlight GPU rules, Fallback last.
 
-Applied function by function; a rule that raises (dlight's Reduction trips on 0-d full reductions)
-declines, and the next rule gets the function. A function no rule schedules is reported, because
-an unscheduled PrimFunc in a CUDA build silently runs on the host.
+Rules, in the order of the CUDA table, each able to decline:
+  dlight Matmul, GEMV  - tiled through shared memory / vectorized GEMV
+  RowReduction         - a row chain (see row_chain.py) becomes ONE kernel: a thread block per row,
+                         its reductions cross-thread (warp shuffles + shared memory), every stage
+                         of the row computed at the row loop, results of reductions in shared memory
+  dlight Reduction, GeneralReduction, Fallback
+A rule that raises (dlight's Reduction trips on 0-d full reductions) declines, and the next rule gets
+the function. A function no rule schedules is reported, because an unscheduled PrimFunc in a CUDA
+build silently runs on the host.
 """
 from __future__ import annotations
 
+from tvm import s_tir
 from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.analysis import normalize_prim_func
 
+from . import row_chain
 from .rule import ScheduleRule
 from .targets import CUDA
 
@@ -24,5 +33,103 @@ class DlightRule(ScheduleRule):
         return None if sch is None else sch.mod["main"]
 
 
+def _inline_all(sch):
+    """compute_inline every non-output spatial block: on a GPU recomputing an elementwise stage is
+    cheaper than a round trip through global memory."""
+    changed = True
+    while changed:
+        changed = False
+        for info in normalize_prim_func(sch) or []:
+            if info.is_injective() and not row_chain.is_output(sch, info.block_rv):
+                try:
+                    sch.compute_inline(info.block_rv)
+                    changed = True
+                    break
+                except Exception:
+                    continue
+
+
+def _threads(inner: int, rows: int) -> int:
+    cap = CUDA["row_threads"] if rows else CUDA["full_reduction_threads"]
+    t = CUDA["warp"]
+    while t < inner and t < cap:
+        t *= 2
+    return t
+
+
+def _inner_extent(sch, block_rv, rows):
+    n = 1
+    for iv in list(sch.get(block_rv).iter_vars)[rows:]:
+        n *= int(iv.dom.extent)
+    return n
+
+
+class RowReduction(ScheduleRule):
+    name = "cuda.RowReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        _inline_all(sch)
+        chain = row_chain.analyze(sch)
+        if chain is None or not row_chain.same_thread_mapping(sch, chain):
+            return None
+        if _stage_outputs(sch, chain):  # their write-back copies joined the chain: read it again
+            chain = row_chain.analyze(sch)
+            if chain is None:
+                return None
+        rows = chain.rows
+        threads = _threads(max(_inner_extent(sch, b, rows) for b in chain.blocks), rows)
+        first = chain.blocks[0]
+        if rows:  # the first stage's row loop is the thread block; every later stage joins it
+            lead = sch.get_loops(first)[:rows]
+            row = sch.fuse(*lead) if rows > 1 else lead[0]
+        else:  # full reductions: one thread block does them all
+            loops = sch.get_loops(first)
+            row = sch.add_unit_loop(loops[0] if loops else first)  # above the stage's loops
+        sch.bind(row, "blockIdx.x")
+        for k, b in enumerate(chain.blocks):
+            if k:  # in program order, so each stage's producers are already at the row loop
+                sch.reverse_compute_at(b, row, preserve_unit_loops=True)
+            _bind_inner(sch, b, row, threads)
+            if b in chain.reductions and not row_chain.is_output(sch, b):
+                sch.set_scope(b, 0, "shared")  # a cross-thread result every thread reads
+        return sch.mod["main"]
+
+
+def _stage_outputs(sch, chain) -> bool:
+    """An output the kernel also reads (the residual sum of rmsnorm_residual, the max of
+    multi_reduce) is staged on chip: the stage writes a copy its consumers read (registers for a
+    spatial stage, read back on the same thread; shared memory for a cross-thread reduction) and a
+    write-back stage stores the output. Returns whether any stage was staged."""
+    staged = False
+    for b in chain.blocks[:-1]:
+        if row_chain.is_output(sch, b) and sch.get_consumers(b):
+            scope = "shared" if b in chain.reductions else "local"
+            sch.cache_write(b, 0, scope, consumer_blocks=sch.get_consumers(b))
+            staged = True
+    return staged
+
+
+def _bind_inner(sch, block_rv, row, threads):
+    """Fuse the block's loops below the row loop and spread them over threadIdx.x; for a reduction
+    only its reduction loops (the spatial ones left are unit)."""
+    loops = sch.get_loops(block_rv)
+    row_loop = sch.get(row)
+    k = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(row_loop))
+    inner = loops[k + 1:]
+    kinds = [int(iv.iter_type) for iv in sch.get(block_rv).iter_vars]
+    if 2 in kinds:
+        inner = inner[len(inner) - kinds.count(2):]
+    if not inner:
+        return
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    _, tx = sch.split(fused, [None, threads])
+    sch.bind(tx, "threadIdx.x")
+
+
 def rules():
-    return [DlightRule(getattr(dl.gpu, name)()) for name in CUDA["rules"]]
+    names = CUDA["rules"]
+    out = []
+    for name in names:
+        out.append(RowReduction() if name == "RowReduction" else DlightRule(getattr(dl.gpu, name)()))
+    return out

@@ -9,5 +9,9 @@ CPU = {
 }
 
 CUDA = {
-    "rules": ("Matmul", "GEMV", "Reduction", "GeneralReduction", "Fallback"),  # dlight, in order
+    # in order; RowReduction is tvmfuse's, the others are dlight's
+    "rules": ("Matmul", "GEMV", "RowReduction", "Reduction", "GeneralReduction", "Fallback"),
+    "warp": 32,
+    "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
+    "full_reduction_threads": 1024,  # one thread block for a group of full (0-d) reductions
 }

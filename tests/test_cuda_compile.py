@@ -1,18 +1,23 @@
 """CUDA builds compile here (nvcc/driver not needed); kernels are counted from the generated source."""
+import re
+import shutil
+
 import pytest
 
 from tvmfuse import workloads
 
 from conftest import built
 
-# kernels counted from the CUDA source (dlight may split a fused group until tvmfuse's own CUDA
-# schedules land; these are the counts today)
+ROW_CHAINS = ("softmax_decomposed", "layernorm_decomposed", "rmsnorm_residual", "softmax_chain", "multi_reduce")
+
+# kernels counted from the CUDA source; every row-reduction chain is ONE kernel (cuda.RowReduction)
 EXPECTED = {
-    ("softmax_chain", "none"): 4, ("softmax_chain", "tvm"): 2, ("softmax_chain", "tvmfuse"): 1,
-    ("softmax_decomposed", "tvm"): 4, ("softmax_decomposed", "tvmfuse"): 1,
-    ("layernorm_decomposed", "tvmfuse"): 1, ("conv_relu_bn_add", "tvmfuse"): 1,
-    ("attention", "tvm"): 7, ("attention", "tvmfuse"): 3,
+    **{(name, "tvmfuse"): 1 for name in ROW_CHAINS},
+    ("softmax_chain", "none"): 4, ("softmax_chain", "tvm"): 2,
+    ("softmax_decomposed", "tvm"): 4, ("rmsnorm_residual", "tvm"): 3, ("multi_reduce", "tvm"): 4,
+    ("conv_relu_bn_add", "tvmfuse"): 1, ("attention", "tvm"): 7, ("attention", "tvmfuse"): 3,
 }
+_SIGNATURE = re.compile(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^;{]*)\)\s*\{")
 
 
 @pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
@@ -32,3 +37,33 @@ def test_cuda_without_device_says_so():
     c = built("softmax_chain", "tvmfuse", target="cuda")
     with pytest.raises(DeviceUnavailableError, match="no cuda device"):
         c(*workloads.get("softmax_chain").inputs())
+
+
+@pytest.mark.parametrize("size", ["small", "bench"])
+@pytest.mark.parametrize("name", workloads.names())
+def test_cuda_kernels_take_only_buffers(name, size):
+    """Static shapes: every loop of a kernel is bound or inside it. A scalar kernel parameter is a
+    loop the schedule left outside the kernel (the launch would cover only one iteration of it)."""
+    c = built(name, "tvmfuse", target="cuda", size=size)
+    for kernel, params in _SIGNATURE.findall(c.source()):
+        scalars = [p.strip() for p in params.split(",") if "*" not in p]
+        assert scalars == [], f"{kernel} takes scalar parameters {scalars}"
+
+
+@pytest.mark.parametrize("name", ROW_CHAINS)
+def test_row_chain_is_one_block_per_row_with_cross_thread_reduction(name):
+    src = built(name, "tvmfuse", target="cuda", size="bench").source()
+    assert "threadIdx.x" in src
+    assert ("blockIdx.x" in src) == (name != "multi_reduce")  # full reductions: one thread block
+    assert "__shfl_down_sync" in src  # warp-shuffle reduction, then shared memory across warps
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
+@pytest.mark.parametrize("name", ROW_CHAINS)
+def test_row_chain_cuda_source_compiles_to_ptx(name):
+    from tvm.support import nvcc
+
+    c = built(name, "tvmfuse", target="cuda")
+    with c.target:
+        ptx = nvcc.compile_cuda(c.source(), target_format="ptx", arch="sm_90", compiler="nvcc")
+    assert b".target sm_90" in bytes(ptx)

@@ -1,0 +1,103 @@
+"""Shape analysis shared by the CPU and CUDA row-reduction rules.
+
+A *row chain* is a PrimFunc whose blocks (after inlining) all share the same leading spatial loops,
+the rows, and every reduction reduces only inside a row: each element it reads belongs to one row.
+Stitched softmax, layer norm and RMS norm are row chains with one row per token. A group of full
+reductions (multi_reduce) is a row chain with zero rows. Matmul and conv are not: a row of the
+output reads a column of the weight that every row shares.
+
+`analyze(sch)` returns a RowChain or None (decline). It only reads the schedule.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+
+@dataclass
+class RowChain:
+    rows: int  # number of leading spatial loops shared by every block (0: full reductions)
+    blocks: list  # sblock RVs in program order
+    reductions: list  # the subset that are reductions
+    last: object  # the last block: every other block is computed at its row loop
+
+
+def _int(x):
+    return int(x) if isinstance(x, tvm.tirx.IntImm) else None
+
+
+def _vars_in(expr):
+    names = set()
+
+    def visit(e):
+        names.add(e.name)
+
+    tvm_ffi.structural_walk(expr, (tvm.tirx.Var, visit), order="post")
+    return names
+
+
+def _is_reduction(sch, block_rv) -> bool:
+    return any(int(iv.iter_type) == 2 for iv in sch.get(block_rv).iter_vars)
+
+
+def is_output(sch, block_rv) -> bool:
+    params = sch.mod["main"].params  # 0.27: params are the buffers; a region's buffer is .source
+    return any(any(w.source.same_as(p) for p in params) for w in sch.get(block_rv).writes)
+
+
+def analyze(sch) -> RowChain | None:
+    infos = normalize_prim_func(sch)
+    if not infos:
+        return None
+    blocks = [i.block_rv for i in infos]
+    reductions = [b for b in blocks if _is_reduction(sch, b)]
+    if not reductions:
+        return None
+    # loops of each block, with their extents; a reduction block must be S...SR...R
+    shapes = []
+    for info in infos:
+        kinds = info.dom_kind()
+        if "RS" in kinds or "O" in kinds:
+            return None  # a spatial loop inside a reduction loop, or an opaque iterator
+        extents = [_int(sch.get(lp).extent) for lp in sch.get_loops(info.block_rv)]
+        if None in extents or len(extents) != len(kinds):
+            return None  # dynamic shapes or loops not one-to-one with block iters
+        lead = len(kinds) - len(kinds.lstrip("S"))
+        shapes.append(extents[:lead])
+    rows = 0
+    while all(len(s) > rows for s in shapes) and len({s[rows] for s in shapes}) == 1:
+        rows += 1
+    # every reduction reads each input only inside its own row
+    for b in reductions:
+        block = sch.get(b)
+        row_vars = {iv.var.name for iv in list(block.iter_vars)[:rows]}
+        for r in block.reads:
+            used = set().union(*(_vars_in(rg.min) for rg in r.region)) if len(r.region) else set()
+            if not row_vars <= used:
+                return None
+    return RowChain(rows, blocks, reductions, blocks[-1])
+
+
+def same_thread_mapping(sch, chain: RowChain) -> bool:
+    """True when every buffer a materialised spatial block writes is read by its in-kernel consumers
+    at the consumer's own (non-unit) iteration point. Splitting every block's inner loops the same
+    way then puts a producer element and its reads on the same thread, so no barrier is needed."""
+    for b in chain.blocks[:-1]:
+        if _is_reduction(sch, b):
+            continue
+        block = sch.get(b)
+        for w in block.writes:
+            for c in sch.get_consumers(b):
+                cb = sch.get(c)
+                own = [iv.var for iv in cb.iter_vars if _int(iv.dom.extent) != 1]
+                for r in cb.reads:
+                    if not r.source.same_as(w.source):
+                        continue
+                    idx = [rg.min for rg in r.region if _int(rg.extent) == 1]
+                    non_unit = [i for i in idx if not (isinstance(i, tvm.tirx.IntImm))]
+                    if len(non_unit) != len(own) or not all(a.same_as(v) for a, v in zip(non_unit, own)):
+                        return False
+    return True
