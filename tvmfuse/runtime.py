@@ -124,6 +124,37 @@ def dynamic_launches(compiled, args) -> tuple[int, dict]:
     return sum(k.values()), {n: {"calls": k[n], "ms": kc.times[n] * 1e3} for n in k}
 
 
+def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> list[dict]:
+    """Per-kernel profile, one row per PrimFunc called from main, in first-call order: name, calls
+    and ms (per inference, the mean over up to `runs` instrumented runs within `budget_s`; host-side
+    time from vm.set_instrument, a few µs of hook overhead included), bytes (tensor args + outputs per
+    inference), share (of the kernels' summed time) and outputs (the Relax vars it writes)."""
+    args = compiled.convert_inputs(inputs)
+    sites, tuple_items = {}, {}
+    for block in compiled.mod["main"].body.blocks:
+        for bd in block.bindings:
+            if isinstance(bd.value, relax.TupleGetItem) and isinstance(bd.value.tuple_value, relax.Var):
+                tuple_items.setdefault(bd.value.tuple_value.name, []).append(bd.var.name)
+    for var, gv, targs, out_ty in call_tir_sites(compiled.mod["main"]):
+        s = sites.setdefault(gv.name_hint, {"bytes": 0, "outputs": []})
+        s["bytes"] += sum(tensor_bytes(a.ty) for a in targs if isinstance(a.ty, relax.TensorType))
+        s["bytes"] += tensor_bytes(out_ty)
+        s["outputs"] += tuple_items.get(var.name, [var.name]) if isinstance(out_ty, relax.TupleType) else [var.name]
+    vm = compiled.vm()
+    t0 = time.perf_counter()
+    vm["main"](*args)  # warm-up
+    runs = max(1, min(runs, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
+    kc = KernelCounter(compiled.device)
+    vm.set_instrument(kc)
+    for _ in range(runs):
+        vm["main"](*args)
+    names = list(kc.kernels())
+    total = sum(kc.times[n] for n in names) or 1.0
+    return [{"name": n, "calls": kc.counts[n] // runs, "ms": kc.times[n] * 1e3 / runs,
+             "bytes": sites.get(n, {}).get("bytes", 0), "share": kc.times[n] / total,
+             "outputs": sites.get(n, {}).get("outputs", [])} for n in names]
+
+
 def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50, budget_s=3.0) -> dict:
     """Median of `repeat` timings (each the mean of `number` runs). Slow modules (a naive matmul
     takes seconds) get fewer repeats, at least 3, so one measurement stays near `budget_s`."""
