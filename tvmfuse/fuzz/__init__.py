@@ -1,0 +1,8 @@
+"""Differential fuzzing of fusion: random graphs (gen.py, ops.py) as JSON-able specs (spec.py), built
+unfused, with stock fusion and with tvmfuse fusion, and compared (check.py)."""
+from .check import Outcome, check_spec, tolerance
+from .gen import ALL_OPS, HypothesisSource, RandomSource, generate
+from .spec import make_inputs, spec_id, spec_ops, to_module
+
+__all__ = ["generate", "RandomSource", "HypothesisSource", "ALL_OPS", "to_module", "make_inputs",
+           "spec_id", "spec_ops", "check_spec", "Outcome", "tolerance"]

@@ -1,0 +1,93 @@
+"""The differential check: one spec built unfused ("none"), with stock fusion ("tvm") and with
+tvmfuse's fusion on llvm, run on the same inputs and compared with per-dtype tolerances.
+
+Failure kinds: "baseline" (the unfused build or run fails: not a fusion bug, the graph or TVM is
+at fault), "build"/"run" (a fused variant fails where the unfused one works), "mismatch" (numbers
+differ beyond tolerance) and "launches" (tvmfuse launches more kernels than stock fusion).
+"""
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .spec import make_inputs, to_module
+
+TOL = {"float32": 1e-4, "float16": 2e-2}  # rtol; atol = rtol * max(1, max |reference|)
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    kind: str = "ok"
+    variant: str = ""
+    detail: str = ""
+    launches: dict = field(default_factory=dict)
+
+    def __str__(self):
+        return "ok" if self.ok else f"{self.kind} [{self.variant}] {self.detail}"
+
+
+def tolerance(spec: dict) -> float:
+    dtypes = {i["dtype"] for i in spec["inputs"]} | {o["attrs"].get("dtype") for o in spec["ops"]}
+    return TOL["float16"] if "float16" in dtypes else TOL["float32"]
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def compare(out, ref, tol) -> str | None:
+    """None when `out` matches `ref`; else what differs."""
+    out, ref = _as_tuple(out), _as_tuple(ref)
+    if len(out) != len(ref):
+        return f"{len(out)} outputs, expected {len(ref)}"
+    for k, (o, r) in enumerate(zip(out, ref)):
+        if o.shape != r.shape or o.dtype != r.dtype:
+            return f"output {k}: {o.dtype}{list(o.shape)} vs {r.dtype}{list(r.shape)}"
+        o64, r64 = o.astype("float64"), r.astype("float64")
+        if not np.isfinite(r64).all():
+            return f"output {k}: the unfused reference is not finite (generator bound too loose)"
+        atol = tol * max(1.0, float(np.abs(r64).max(initial=0.0)))
+        bad = ~np.isclose(o64, r64, rtol=tol, atol=atol)
+        if bad.any():
+            i = tuple(int(j) for j in np.argwhere(bad)[0])
+            return (f"output {k}: {int(bad.sum())}/{bad.size} elements differ; at {list(i)} got {o64[i]!r}, "
+                    f"expected {r64[i]!r} (rtol=atol/scale={tol})")
+    return None
+
+
+def _short_error(err: BaseException) -> str:
+    lines = [ln for ln in "".join(traceback.format_exception_only(type(err), err)).splitlines() if ln.strip()]
+    return " | ".join(lines[-3:])[:600]
+
+
+def check_spec(spec: dict, target="llvm", input_seed: int = 0) -> Outcome:
+    """Build and run the three variants of `spec` and compare them against the unfused one."""
+    import tvmfuse
+
+    logging.getLogger("tvmfuse.fusion").setLevel(logging.WARNING)
+    inputs = make_inputs(spec, input_seed)
+    built, launches = {}, {}
+    for variant in ("none", "tvm", "tvmfuse"):
+        stage = "build"
+        try:
+            mod = to_module(spec)
+            c = tvmfuse.build(mod, target, variant)
+            launches[variant] = c.launches
+            stage = "run"
+            built[variant] = c(*inputs)
+        except Exception as err:  # noqa: BLE001 - every failure is a finding, reported with its variant
+            kind = "baseline" if variant == "none" else stage
+            return Outcome(False, kind, variant, f"{type(err).__name__}: {_short_error(err)}", launches)
+    tol = tolerance(spec)
+    for variant in ("tvm", "tvmfuse"):
+        diff = compare(built[variant], built["none"], tol)
+        if diff:
+            return Outcome(False, "mismatch", variant, diff, launches)
+    if launches["tvmfuse"] > launches["tvm"]:
+        return Outcome(False, "launches", "tvmfuse",
+                       f"tvmfuse {launches['tvmfuse']} launches > stock {launches['tvm']}", launches)
+    return Outcome(True, launches=launches)
