@@ -28,6 +28,7 @@ def parse(argv=None):
     ap.add_argument("--repeat", type=int, default=15, help="time_evaluator repeats (median reported)")
     ap.add_argument("--json", metavar="PATH", help="write all tables as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write all tables as markdown")
+    ap.add_argument("--report", metavar="PATH", help="write the HTML report (graphs, charts, per-kernel profiles)")
     return ap.parse_args(argv)
 
 
@@ -67,6 +68,11 @@ def main(argv=None):
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("\n\n".join(c.to_markdown() for c in results) + "\n\n" + summary + "\n")
+    if args.report:
+        from tvmfuse import report
+
+        report.from_comparisons(args.report, names, args.size, results, target, getattr(args, "logs", None), run)
+        print(f"wrote {args.report}", file=sys.stderr)
     bad = [c.name for c in results if any(v is False for v in c.checks.values())]
     if bad:
         print(f"error: numerics differ from the reference on {bad}", file=sys.stderr)
