@@ -23,20 +23,27 @@ from .target import resolve
 _KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\([^;{]*\)\s*\{")
 
 
-def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", **knobs) -> tvm.IRModule:
-    """Run the variant's graph passes and the default schedules; stop before lowering."""
+def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,
+            **knobs) -> tvm.IRModule:
+    """Run the variant's graph passes, the tuned schedules from `tuning_logs` (records that beat the
+    default schedule), then the default schedules for the rest; stop before lowering."""
     if fusion not in pipeline.VARIANTS:
         raise ValueError(f"unknown fusion variant {fusion!r}; use one of {pipeline.VARIANTS}")
     target = resolve(target)
     with target, tvm.transform.PassContext(opt_level=3):
         seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
         mod = seq(mod)
+    if tuning_logs:
+        from .tuning import apply_logs
+
+        mod = apply_logs(mod, target, tuning_logs)
     return schedules.apply_default_schedules(mod, target)
 
 
-def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", **knobs) -> "Compiled":
+def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: str | None = None,
+          **knobs) -> "Compiled":
     target = resolve(target)
-    prepared = prepare(mod, target, fusion, **knobs)
+    prepared = prepare(mod, target, fusion, tuning_logs=tuning_logs, **knobs)
     with target, tvm.transform.PassContext(opt_level=3):
         ex = tvm.compile(prepared, target=target,
                          relax_pipeline=tvm.transform.Sequential(pipeline.lowering_passes(target)))

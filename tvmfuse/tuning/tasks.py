@@ -1,0 +1,58 @@
+"""Tuning tasks of a fused module: one per distinct PrimFunc, weighted by its call sites.
+
+Contract
+- `fused_module(mod, target, fusion)` runs the variant's graph passes (the same lists
+  `tvmfuse.build` runs) and stops before the default schedules, so the PrimFuncs are exactly the ones
+  the build will look up in the database.
+- `extract(mod)` gives one `Task` per structurally distinct, unscheduled PrimFunc. Its `mod` is
+  normalized the way `MetaScheduleApplyDatabase` normalizes a function before querying
+  (`s_tir.meta_schedule.normalize_mod`), so a record found here is the record applied at build,
+  in this model or in any other model with the same PrimFunc.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+from tvm.s_tir.meta_schedule.tir_integration import _normalize_mod
+
+from .. import pipeline
+from ..relax_utils import call_tir_sites
+
+
+@dataclass
+class Task:
+    name: str  # the PrimFunc's name in the module (first one if several share the workload)
+    mod: tvm.IRModule  # normalized {"main": PrimFunc}
+    weight: int  # call sites in main
+    key: str = ""  # workload structural hash, filled by the driver
+
+
+def fused_module(mod: tvm.IRModule, target: tvm.target.Target, fusion: str, knobs: dict | None = None):
+    with target, tvm.transform.PassContext(opt_level=3):
+        seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
+        return seq(mod)
+
+
+def normalize(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
+    return _normalize_mod(func)
+
+
+def extract(mod: tvm.IRModule) -> list[Task]:
+    calls: dict[str, int] = {}
+    for _, gv, _, _ in call_tir_sites(mod["main"]):
+        calls[gv.name_hint] = calls.get(gv.name_hint, 0) + 1
+    tasks: list[Task] = []
+    for gv, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
+        if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled")):
+            continue
+        norm = normalize(func)
+        weight = calls.get(gv.name_hint, 0)
+        if weight == 0:
+            continue
+        same = next((t for t in tasks if tvm.ir.structural_equal(t.mod, norm)), None)
+        if same:
+            same.weight += weight
+        else:
+            tasks.append(Task(gv.name_hint, norm, weight))
+    return tasks

@@ -1,0 +1,223 @@
+"""`tvmfuse.tune`: tune the PrimFuncs of a fused module with MetaSchedule (XGBoost cost model).
+
+Contract
+- Tasks come from `tasks.extract` on the module after the variant's graph passes, so any fusion
+  variant works and what is tuned is exactly what `tvmfuse.build(..., tuning_logs=...)` looks up.
+- Records go to the durable database in `<logs>/<target key>/` (see database.py); a workload that
+  another model already tuned is reused through its structural hash.
+- Budget: `trials` (total over the tasks) and/or `time_budget` seconds, split over the tasks by
+  weight = call sites x the default schedule's latency, so trials go where the time is spent.
+  `resume=True` tops every task up to its share (a finished task costs nothing on a rerun, a task
+  cut short continues from its records); `resume=False` adds the share on top of what is logged.
+- Never slower: after a task is tuned, the best record and the default schedule are measured
+  together with the tuning runner; the record is applied at build only if it wins (`tasks.json`).
+- CUDA without a reachable GPU and without `rpc` fails fast (DeviceUnavailableError).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
+from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
+from tvm.ir.utils import derived_object
+
+from ..errors import DeviceUnavailableError
+from ..target import resolve
+from . import decisions, measure, rpc as rpc_mod, tasks as tasks_mod
+from .database import DurableDatabase, mean_secs, workload_key
+from .keys import target_dir
+
+log = logging.getLogger("tvmfuse.tuning")
+
+
+@dataclass
+class TaskResult:
+    name: str
+    key: str
+    weight: int
+    trials_run: int = 0  # this call
+    trials_total: int = 0  # budget satisfied so far
+    default_ms: float | None = None
+    tuned_ms: float | None = None
+    use_tuned: bool = False
+    skipped: str = ""  # why no tuning happened in this call ("finished", "time budget", ...)
+
+
+@dataclass
+class TuneResult:
+    logs: str  # the target folder
+    tasks: list[TaskResult] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    def __str__(self):
+        lines = [f"tuning logs: {self.logs} ({self.wall_s:.0f}s)",
+                 f"{'task':44} {'w':>3} {'trials':>7} {'default ms':>11} {'tuned ms':>9}  applied"]
+        for t in self.tasks:
+            f = lambda v: "-" if v is None else f"{v:.4f}"
+            lines.append(f"{t.name[:44]:44} {t.weight:>3} {t.trials_total:>7} {f(t.default_ms):>11} "
+                         f"{f(t.tuned_ms):>9}  {'tuned' if t.use_tuned else 'default'}"
+                         + (f" ({t.skipped})" if t.skipped else ""))
+        return "\n".join(lines)
+
+
+def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: int | None = 32,
+         time_budget: float | None = None, logs: str = "tuning_logs", resume: bool = True,
+         rpc: tuple[str, str] | None = None, num_trials_per_iter: int = 8, seed: int | None = 0,
+         population_size: int = 256, progress: bool = True, name: str = "", knobs: dict | None = None,
+         evaluator_config=None) -> TuneResult:
+    """Tune `mod` under `fusion` for `target`; records go to `<logs>/<target key>/`."""
+    t_start = time.time()
+    target = resolve(target)
+    _check_device(target, rpc)
+    folder = target_dir(logs, target)
+    db = DurableDatabase(folder)
+    fused = tasks_mod.fused_module(mod, target, fusion, knobs)
+    tasks = tasks_mod.extract(fused)
+    evaluator_config = evaluator_config or rpc_mod.evaluator()
+    builder = rpc_mod.builder()
+    runner = rpc_mod.runner(evaluator_config, rpc)
+    state = decisions.load(folder)
+    result = TuneResult(folder)
+    if not tasks:
+        return result
+
+    # default latency per task (stored, so reruns split the budget the same way)
+    for t in tasks:
+        t.key = workload_key(t.mod)
+    missing = [t for t in tasks if t.key not in state or state[t.key].default_ms is None]
+    if missing:
+        secs = measure.measure([measure.default_scheduled(t.mod, target) for t in missing], target, builder, runner)
+        for t, s in zip(missing, secs):
+            state[t.key] = decisions.Decision(t.key, t.name, 0, None if s is None else s * 1e3, None, False,
+                                              str(target))
+    weights = [t.weight * (state[t.key].default_ms or 1.0) for t in tasks]
+    shares = [w / sum(weights) for w in weights]
+    deadline = t_start + time_budget if time_budget else None
+
+    bar = _bar(len(tasks), name or fusion, progress)
+    order = sorted(range(len(tasks)), key=lambda i: -shares[i])
+    for n_done, i in enumerate(order):
+        t, d = tasks[i], state[tasks[i].key]
+        done = max(d.trials, len(db.records_of(t.mod)))
+        want = _share(trials, shares[i], num_trials_per_iter) if trials else 10**6
+        goal = want if resume else done + want
+        res = TaskResult(t.name, t.key, t.weight, 0, done, d.default_ms, d.tuned_ms, d.use_tuned)
+        result.tasks.append(res)
+        remaining_time = None if deadline is None else deadline - time.time()
+        if done >= goal:
+            res.skipped = "finished"
+            if d.tuned_ms is None and done > 0 and _best_ms(db, t.mod) is not None:
+                _decide(t, target, db, builder, runner, d, res)  # a run killed before deciding
+                decisions.save(folder, d)
+            elif t in missing:
+                decisions.save(folder, d)
+        elif remaining_time is not None and remaining_time <= 1:
+            res.skipped = "time budget"
+        else:
+            left = sum(shares[j] for j in order[n_done:])
+            task_deadline = None if deadline is None else time.time() + remaining_time * shares[i] / left
+            cb = _Progress(bar, t.name, task_deadline, _best_ms(db, t.mod))
+            _run_ms(t, target, folder, db, builder, runner, goal - done, num_trials_per_iter, seed,
+                    population_size, cb)
+            res.trials_run = cb._inst.trials
+            # cut by the clock: continue next time; otherwise the budget (or the search space) is done
+            res.trials_total = done + res.trials_run if cb._inst.stopped else goal
+            _decide(t, target, db, builder, runner, d, res)
+            d.trials, d.task, d.target, d.time = res.trials_total, t.name, str(target), ""
+            decisions.save(folder, d)
+        bar.set_postfix_str(f"{t.name[:24]} best {_fmt(res.tuned_ms)} / default {_fmt(res.default_ms)} ms")
+        bar.update(1)
+    bar.close()
+    result.wall_s = time.time() - t_start
+    return result
+
+
+def _share(trials: int, share: float, per_iter: int) -> int:
+    return max(min(2, trials), int(math.ceil(trials * share)))
+
+
+def _run_ms(task, target, folder, db, builder, runner, n_trials, per_iter, seed, population_size, cb):
+    strategy = ms.search_strategy.EvolutionarySearch(population_size=population_size,
+                                                     init_min_unmeasured=min(50, population_size))
+    ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
+                         search_strategy=strategy, task_name=task.name,
+                         logger=get_loggers_from_work_dir(folder, [task.name])[0],
+                         rand_state=-1 if seed is None else seed,
+                         num_threads=int(target.attrs.get("num-cores", 1)) if target.kind.name == "llvm" else 1)
+    ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=folder, max_trials_global=n_trials,
+                  max_trials_per_task=n_trials, num_trials_per_iter=max(1, min(per_iter, n_trials)),
+                  builder=builder, runner=runner, database=db, cost_model="xgb",
+                  measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [cb],
+                  task_scheduler="round-robin")
+
+
+def _decide(task, target, db, builder, runner, d, res) -> None:
+    """Measure the best record against the default schedule, same runner, one batch."""
+    sch = db.query_schedule(task.mod, target=target, workload_name="main")
+    tuned = None
+    if sch is not None and _best_ms(db, task.mod) is not None:
+        tuned = sch.mod
+    default = measure.default_scheduled(task.mod, target)
+    tuned_s, default_s = measure.measure([tuned, default], target, builder, runner)
+    if default_s is not None:
+        d.default_ms = default_s * 1e3
+    d.tuned_ms = None if tuned_s is None else tuned_s * 1e3
+    d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s)
+    res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
+
+
+def _best_ms(db, task_mod) -> float | None:
+    recs = [mean_secs(r) for r in db.records_of(task_mod)]
+    best = min(recs, default=1e10)
+    return None if best >= 1e9 else best * 1e3
+
+
+def _check_device(target, rpc) -> None:
+    if target.kind.name == "cuda" and rpc is None and not tvm.cuda(0).exist:
+        raise DeviceUnavailableError(
+            "cannot tune for cuda: no GPU is reachable from this machine, and MetaSchedule must run every "
+            "candidate on the device. Start `python -m tvm.exec.rpc_server --tracker HOST:PORT --key KEY` on a "
+            "GPU host and pass --rpc-tracker HOST:PORT --rpc-key KEY (tvmfuse.tune(..., rpc=(addr, key))).")
+    if rpc is not None:
+        if rpc_mod.check_tracker(rpc) == 0:
+            log.warning("no idle RPC server under key %r at %s right now; candidates will wait for one", rpc[1],
+                        rpc[0])
+
+
+def _fmt(v):
+    return "-" if v is None else f"{v:.4f}"
+
+
+def _bar(n, desc, enabled):
+    import sys
+
+    from tqdm import tqdm
+
+    return tqdm(total=n, desc=f"tuning {desc}", unit="task", file=sys.stderr, disable=not enabled)
+
+
+@derived_object
+class _Progress(PyMeasureCallback):
+    """Counts trials, shows the best latency so far on the bar, stops the task at its deadline."""
+
+    def __init__(self, bar, name, deadline, best_ms):
+        super().__init__()
+        self.bar, self.name, self.deadline, self.best = bar, name, deadline, best_ms
+        self.trials, self.stopped = 0, False
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        self.trials += len(runner_results)
+        for r in runner_results:
+            if r.run_secs and not r.error_msg:
+                ms_ = 1e3 * sum(float(s) for s in r.run_secs) / len(r.run_secs)
+                self.best = ms_ if self.best is None else min(self.best, ms_)
+        self.bar.set_postfix_str(f"{self.name[:24]} trials {self.trials} best {_fmt(self.best)} ms")
+        if self.deadline is not None and time.time() >= self.deadline and not self.stopped:
+            self.stopped = True
+            task_scheduler.terminate_task(task_id)
