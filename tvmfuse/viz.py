@@ -160,14 +160,14 @@ def _add_binding(G, bd, sources, group_of):
 
 
 def layout(fg: FusionGraph) -> dict:
-    """{node: (column, layer)}. Layers are networkx's topological generations (an input sits just
-    above its first consumer). Each group is a block of columns over its layers, placed like a
-    graphviz cluster: at the free columns nearest its producers, so no box ever holds a foreign
-    node. Inside a block, nodes are ordered by the mean column of their producers."""
+    """{node: (column, layer)}. Layers are networkx's topological generations (a source: an input
+    or an op on constants only, sits just above its first consumer). Each group is a block of
+    columns over its layers, placed like a graphviz cluster: at the free columns nearest its
+    producers, so no box ever holds a foreign node. Inside a block, nodes are ordered by the mean column of their producers."""
     G = fg.graph
     layer = {n: k for k, gen in enumerate(nx.topological_generations(G)) for n in gen}
-    for n, d in G.nodes(data=True):
-        if d["kind"] == "input" and G.out_degree(n):
+    for n in G:  # sources (inputs, ops on constants only) sit just above their first consumer
+        if G.in_degree(n) == 0 and G.out_degree(n):
             layer[n] = max(0, min(layer[c] for c in G.successors(n)) - 1)
     blocks = [grp.members for grp in fg.groups]
     grouped = {n for m in blocks for n in m}
