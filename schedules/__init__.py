@@ -23,5 +23,5 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue
-        out[gv] = sched.with_attr("tirx.is_scheduled", True)
+        out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
     return out

@@ -1,0 +1,156 @@
+"""CPU row-reduction chains: one parallel sweep over the rows, each row kept in cache.
+
+Contract: `RowReduction.apply(func, target)` takes a PrimFunc that `row_chain.analyze` accepts with
+at least one row loop (stitched softmax, layer norm, RMS norm, and their prologues/epilogues) and
+returns it scheduled, or None (decline). It never reorders the math across rows.
+
+Schedule:
+- the first stage's row loops are fused and run in parallel; every later stage is moved into that
+  row loop in program order (reverse_compute_at), so a row is read from memory once and every
+  intermediate of the row lives in a row-sized buffer allocated inside the loop (cache resident)
+- spatial stages: inner loops fused and vectorized (lanes from the CPU table, a divisor of the row)
+- reductions: the row is reduced in `lanes` vector partial sums (rfactor), then the partials are
+  reduced; the same reassociation every vectorized BLAS/numpy reduction makes.
+"""
+from __future__ import annotations
+
+from tvm import s_tir
+
+from . import row_chain
+from .cpu_util import block_bits, extent, inline_injective, lanes
+from .rule import ScheduleRule
+from .targets import CPU
+
+
+class RowReduction(ScheduleRule):
+    name = "cpu.RowReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        if inline_injective(sch) is None:
+            return None
+        chain = row_chain.analyze(sch)
+        if chain is None or chain.rows == 0:
+            return None
+        order, partials = [], {}
+        for b in chain.blocks:  # rfactor first: it needs the reduction's loops to itself
+            rf = _split_partials(sch, b, chain.rows) if b in chain.reductions else None
+            if rf is not None:
+                partials[len(order)] = rf
+                order.append(rf)
+            order.append(b)
+        lead = sch.get_loops(order[0])[: chain.rows]
+        row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+        for b in order[1:]:  # program order: each stage's producers are already in the row
+            sch.reverse_compute_at(b, row, preserve_unit_loops=True)
+        sch.parallel(row)
+        for k, b in enumerate(order):
+            if k in partials:
+                _vectorize_partials(sch, b, row, moved=k > 0)
+            elif b not in chain.reductions:
+                _vectorize_inner(sch, b, row)
+        return sch.mod["main"]
+
+
+def _loops_below(sch, block_rv, row):
+    loops = sch.get_loops(block_rv)
+    row_stmt = sch.get(row)
+    k = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(row_stmt))
+    return loops[k + 1:]
+
+
+def _divisor_lanes(n, bits):
+    """The widest vector (a power of two up to the register) that divides n, or 1."""
+    v = lanes(bits)
+    while v > 1 and n % v:
+        v //= 2
+    return v
+
+
+def _vectorize_inner(sch, block_rv, row):
+    inner = [lp for lp in _loops_below(sch, block_rv, row) if extent(sch, lp) != 1]
+    if not inner:
+        return
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    n = extent(sch, fused)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    if v > 1:
+        sch.vectorize(sch.split(fused, [None, v])[1])
+
+
+def _split_partials(sch, block_rv, rows):
+    """Reduce the row into `lanes` partial results (rfactor); returns the partials' block or None
+    when the row is too short to split. Runs while the reduction still has its own loop nest."""
+    red = sch.get_loops(block_rv)[rows:]
+    fused = sch.fuse(*red) if len(red) > 1 else red[0]
+    n = extent(sch, fused)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    if v == 1 or n == v:
+        return None
+    _, ki = sch.split(fused, [None, v])
+    return sch.rfactor(ki, factor_axis=len(sch.get(block_rv).writes[0].region))
+
+
+def _vectorize_partials(sch, rf, row, moved):
+    """The partials' loops below the row are (ko, ki) where the block kept its loops and, after
+    reverse_compute_at (loops rebuilt in iter-var order, the rfactor var first), (ki, ..., ko).
+    Put ki innermost, hoist the init out of ko, vectorize both."""
+    inner = [lp for lp in _loops_below(sch, rf, row) if extent(sch, lp) != 1]
+    ki, ko = (inner[0], inner[-1]) if moved else (inner[-1], inner[0])
+    lanes_rf = int(sch.get(rf).iter_vars[0].dom.extent)
+    if len(inner) != 2 or extent(sch, ki) != lanes_rf:
+        raise ValueError("unexpected loop nest for the vector partials")  # the rule declines
+    sch.reorder(ko, ki)
+    sch.vectorize(ki)
+
+
+class FullReduction(ScheduleRule):
+    """Reductions to a scalar (multi_reduce, a loss): the input is cut into `reduction_chunks`
+    chunks reduced in parallel, each into `lanes` vector partials; the partials are then reduced.
+    The chunk loops of sibling reductions are merged, so each chunk is read from memory once and
+    re-read from cache by the other reductions."""
+
+    name = "cpu.FullReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        if inline_injective(sch) is None:
+            return None
+        chain = row_chain.analyze(sch)
+        if chain is None or chain.rows != 0:
+            return None
+        for b in chain.blocks:  # TVM's rfactor trips over sibling blocks that have no loop
+            if not sch.get_loops(b):
+                sch.add_unit_loop(b)
+        chunks = []
+        for b in chain.reductions:
+            p = _parallel_partials(sch, b)
+            if p is None:
+                return None
+            chunks.append(p)
+        # merge puts the merged loop where its last argument stood: pass the first chunk loop last,
+        # so every partial is computed before any block that reads it (checked, not assumed)
+        merged = sch.merge(*reversed(chunks)) if len(chunks) > 1 else chunks[0]
+        first = sch.get_child_blocks(sch.get_sblock("root"))[0]
+        if not sch.get(sch.get_loops(first)[0]).same_as(sch.get(merged)):
+            raise ValueError("merged chunk loop is not the first stage")  # the rule declines
+        sch.parallel(merged)
+        return sch.mod["main"]
+
+
+def _parallel_partials(sch, block_rv):
+    """rfactor twice: chunks (parallel) x lanes (vector). Returns the chunk loop, or None."""
+    red = [lp for lp in sch.get_loops(block_rv) if extent(sch, lp) != 1]
+    fused = sch.fuse(*red) if len(red) > 1 else red[0]
+    n = extent(sch, fused)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    chunks = CPU["reduction_chunks"]
+    if not n or n % (chunks * v) or n // (chunks * v) < 2:
+        return None
+    p, _, ki = sch.split(fused, [chunks, None, v])
+    per_chunk = sch.rfactor(p, factor_axis=0)
+    ki = sch.get_loops(per_chunk)[-1]
+    vec = sch.rfactor(ki, factor_axis=1)
+    sch.vectorize(sch.get_loops(vec)[-1])
+    return sch.get_loops(vec)[0]
+

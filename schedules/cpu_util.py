@@ -1,0 +1,88 @@
+"""Helpers shared by the CPU (llvm) schedule rules: vector lanes, inlining, loop scheduling."""
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from .row_chain import is_output
+from .targets import CPU
+
+
+def lanes(dtype_bits: int) -> int:
+    return max(1, min(CPU["max_vector_lanes"], CPU["vector_bytes"] * 8 // dtype_bits))
+
+
+def extent(sch, loop):
+    ext = sch.get(loop).extent
+    return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
+
+
+def inline_injective(sch):
+    """compute_inline every non-output spatial block that allows it (repeat until none changes)."""
+    changed = True
+    while changed:
+        changed = False
+        infos = normalize_prim_func(sch)
+        if infos is None:
+            return None
+        for info in infos:
+            if info.is_injective() and not is_output(sch, info.block_rv) and not _costly_to_recompute(sch, info):
+                try:
+                    sch.compute_inline(info.block_rv)
+                    changed = True
+                    break
+                except Exception:
+                    continue
+    return normalize_prim_func(sch)
+
+
+def _costly_to_recompute(sch, info):
+    """Stages kept as in-kernel buffers instead of inlined:
+    - a pure copy (transpose, reshape) read by a reduction: inlined, the matmul would read its
+      operand with strides; materialised, it is a packed operand
+    - a stage read by several consumers that calls a transcendental (exp in softmax): inlining
+      would evaluate it once per consumer"""
+    consumers = sch.get_consumers(info.block_rv)
+    body = sch.get(info.block_rv).body
+    is_copy = isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.TensorLoad)  # what tirx.BufferLoad builds in 0.27
+    if is_copy and any(is_reduction(sch, c) for c in consumers):
+        return True
+    if len(consumers) < 2:
+        return False
+    return any(f"T.{name}(" in str(body) for name in CPU["costly_intrinsics"])
+
+
+def is_reduction(sch, block_rv):
+    return any(int(iv.iter_type) == 2 for iv in sch.get(block_rv).iter_vars)  # 2 = CommReduce
+
+
+def block_bits(sch, block_rv):
+    writes = sch.get(block_rv).writes
+    return tvm.runtime.DataType(str(writes[0].source.dtype)).bits if writes else 32
+
+
+def schedule_spatial(sch, info):
+    loops = info.get_loops()
+    if not loops:  # a 0-d output (the divide of a full mean): nothing to parallelise
+        return
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    ext = extent(sch, fused)
+    n = lanes(block_bits(sch, info.block_rv))
+    if ext is not None and ext % n == 0 and ext >= n * CPU["min_parallel_extent"]:
+        outer, inner = sch.split(fused, [None, n])
+        sch.parallel(outer)
+        sch.vectorize(inner)
+    elif ext is None or ext >= CPU["min_parallel_extent"]:
+        sch.parallel(fused)
+
+
+def schedule_reduction(sch, info):
+    kinds = info.dom_kind()
+    loops = info.get_loops()
+    lead = [lp for lp, k in zip(loops, kinds) if k == "S"]
+    if kinds[: len(lead)] != "S" * len(lead) or not lead:
+        return  # spatial loops not leading: leave it serial rather than reorder the math
+    fused = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+    ext = extent(sch, fused)
+    if ext is None or ext >= CPU["min_parallel_extent"]:
+        sch.parallel(fused)

@@ -1,0 +1,83 @@
+"""Default schedule rules: every PrimFunc gets one, the right rule takes each group kind, and the
+scheduled kernels stay numerically right on shapes the vector widths do not divide."""
+import logging
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.script import relax as R  # noqa: F401  (BlockBuilder ops below)
+
+import tvmfuse
+from tvmfuse import workloads
+
+from conftest import built
+
+
+def _rules(c):
+    return {gv.name_hint: str(f.attrs["tvmfuse.rule"]) for gv, f in c.mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.rule" in f.attrs}
+
+
+@pytest.mark.parametrize("target", ["llvm", "cuda"])
+@pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
+@pytest.mark.parametrize("name", workloads.names())
+def test_every_primfunc_gets_a_schedule_rule(name, fusion, target, caplog):
+    caplog.set_level(logging.WARNING, logger="tvmfuse.schedule")
+    tvmfuse.prepare(workloads.get(name).mod, target, fusion)
+    assert [r.message for r in caplog.records] == []
+
+
+ROW_CHAINS = ["softmax_decomposed", "layernorm_decomposed", "rmsnorm_residual", "softmax_chain"]
+
+
+@pytest.mark.parametrize("name", ROW_CHAINS)
+def test_row_chains_take_the_row_reduction_rule(name):
+    assert set(_rules(built(name, "tvmfuse")).values()) == {"cpu.RowReduction"}
+    assert set(_rules(built(name, "tvmfuse", target="cuda")).values()) == {"cuda.RowReduction"}
+
+
+def test_scalar_reductions_take_the_full_reduction_rule():
+    assert set(_rules(built("multi_reduce", "tvmfuse")).values()) == {"cpu.FullReduction"}
+
+
+def _softmax_module(shape):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mx = bb.emit(relax.op.max(x, axis=-1, keepdims=True))
+            e = bb.emit(relax.op.exp(bb.emit(relax.op.subtract(x, mx))))
+            s = bb.emit(relax.op.sum(e, axis=-1, keepdims=True))
+            out = bb.emit_output(relax.op.divide(e, s))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _scalar_sums_module(shape):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.sum(x))
+            b = bb.emit(relax.op.max(bb.emit(relax.op.abs(x))))
+            out = bb.emit_output(relax.Tuple([a, b]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (3, 100), (1, 33), (9, 256), (2, 3, 48)])
+def test_row_reduction_numerics_on_odd_rows(shape):
+    x = np.random.default_rng(0).standard_normal(shape).astype("float32")
+    out = tvmfuse.build(_softmax_module(shape), "llvm", "tvmfuse")(x)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(out, e / e.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape", [(13, 17), (64, 128), (1024, 40)])
+def test_full_reduction_numerics(shape):
+    x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    c = tvmfuse.build(_scalar_sums_module(shape), "llvm", "tvmfuse")
+    s, m = c(x)
+    np.testing.assert_allclose(s, x.astype("float64").sum(), rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(m, np.abs(x).max(), rtol=0, atol=0)
