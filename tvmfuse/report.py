@@ -82,11 +82,13 @@ def tuning_curves(logs, target):
 # ---------------------------------------------------------------------------------------- svg
 def inline_svg(svg: str, prefix: str) -> str:
     """matplotlib SVG -> an <svg> element for HTML: no prolog, DOCTYPE, metadata or xmlns
-    declarations; every id (and reference to it) prefixed with `prefix-`."""
+    declarations (xlink:href becomes SVG 2's href); every id (and reference to it) prefixed with
+    `prefix-`. The result is still well-formed XML."""
     svg = re.sub(r"<\?xml[^>]*\?>\s*", "", svg)
     svg = re.sub(r"<!DOCTYPE[^>]*>\s*", "", svg)
     svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
     svg = re.sub(r'\s+xmlns(:\w+)?="[^"]*"', "", svg)
+    svg = svg.replace("xlink:href=", "href=")  # SVG 2 href: no xlink namespace needed
     svg = re.sub(r'\bid="', f'id="{prefix}-', svg)
     svg = re.sub(r"url\(#", f"url(#{prefix}-", svg)
     svg = re.sub(r'href="#', f'href="#{prefix}-', svg)
