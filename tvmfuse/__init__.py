@@ -3,11 +3,13 @@ from . import workloads
 from .build import Compiled, build, prepare
 from .classify import classify
 from .compare import Comparison, compare
-from .errors import TvmfuseError
+from .errors import FrontendError, TvmfuseError
+from .frontends import from_onnx, from_relay_text, from_torch, load_model
 from .runtime import Measurement, measure
 
 __all__ = ["workloads", "build", "prepare", "Compiled", "classify", "compare", "Comparison",
-           "measure", "Measurement", "TvmfuseError"]
+           "measure", "Measurement", "TvmfuseError", "FrontendError", "from_torch", "from_onnx",
+           "from_relay_text", "load_model"]
 
 try:  # the custom fusion API (tvmfuse.passes)
     from .passes.api import explain, fuse  # noqa: F401

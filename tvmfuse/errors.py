@@ -20,3 +20,7 @@ class InputError(TvmfuseError, ValueError):
 
 class DeviceUnavailableError(TvmfuseError, RuntimeError):
     pass
+
+
+class FrontendError(TvmfuseError, ValueError):
+    """A model could not be imported (missing/corrupt file, unsupported op, bad example inputs)."""

@@ -1,0 +1,63 @@
+"""Helpers shared by the frontends.
+
+`normalize(mod)` is what every importer runs on the Relax module it produced, so the three fusion
+variants start from the same clean graph:
+
+  DecomposeOpsForInference  batch_norm(training=False) etc. into plain arithmetic
+  CanonicalizeBindings      `t = (a, b, c); y = t[0]` -> `y = a` (literal tuples left by the decomposition)
+  FoldConstant              shape arithmetic on weights (ONNX Shape/Gather chains, expand_dims of BN
+                            statistics) computed once at import instead of per inference
+  DeadCodeElimination       drop what the two passes above left unused
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..errors import FrontendError
+from ..relax_utils import static_shape
+
+
+def normalize(mod: tvm.IRModule, fold_constants: bool = True) -> tvm.IRModule:
+    T = relax.transform
+    passes = [T.DecomposeOpsForInference(), T.CanonicalizeBindings()]
+    if fold_constants:
+        passes.append(T.FoldConstant())
+    passes.append(T.DeadCodeElimination())
+    with tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(passes)(mod)
+
+
+def read_path(path, what: str, suffixes: tuple[str, ...] = ()) -> str:
+    """The path as a str, or a FrontendError saying the file is missing (and what was expected)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        hint = f" (expected a {'/'.join(suffixes)} file)" if suffixes else ""
+        raise FrontendError(f"{what}: no such file '{path}'{hint}; check the path (relative paths are "
+                            f"taken from {os.getcwd()})")
+    return path
+
+
+def input_specs(mod: tvm.IRModule) -> list[tuple[str, tuple, str]]:
+    """(name, static shape or None, dtype) of main's parameters, in order."""
+    return [(p.name, static_shape(p.ty), str(p.ty.dtype)) for p in mod["main"].params]
+
+
+def random_inputs(specs, seed: int = 0, int_high: int = 8) -> list[np.ndarray]:
+    """Deterministic inputs for a module whose inputs nobody gave: normal floats, ints in
+    [0, int_high), random bools. Integer inputs are usually ids or indices, hence small and >= 0."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for name, shape, dtype in specs:
+        if shape is None:
+            raise FrontendError(f"input '{name}' has a symbolic shape; give concrete inputs (or shapes=)")
+        if dtype.startswith(("int", "uint")):
+            out.append(rng.integers(0, int_high, size=shape).astype(dtype))
+        elif dtype == "bool":
+            out.append(rng.integers(0, 2, size=shape).astype(bool))
+        else:
+            out.append(rng.standard_normal(shape).astype(dtype))
+    return out

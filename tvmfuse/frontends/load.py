@@ -1,0 +1,156 @@
+"""`load_model(spec, size)`: what `scripts/tune.py --model SPEC` builds, as a workload-like object
+(`name`, `mod`, `inputs()`, `reference(*inputs)` or None, `rtol`, `atol`).
+
+SPEC is, in this order:
+  a zoo workload name        tvmfuse.workloads (numpy reference)
+  a real model name          tvmfuse.models: bert-tiny, gpt2-tiny, resnet-tiny, bert-tiny-onnx
+  FILE.onnx                  from_onnx; inputs random (ints in [0, 8)); reference: onnxruntime
+  FILE.txt / FILE.relay      from_relay_text; meta[relay.Constant] values from FILE.npz beside it
+                             (np.savez order) or else deterministic random; reference: None (the
+                             unfused build is the reference)
+  FILE.py                    run as a script; it defines either
+                               model (torch.nn.Module) and example_inputs (tuple of tensors)
+                               [and dynamic_shapes]: imported with from_torch, reference: eager;
+                             or
+                               mod (a Relax IRModule with "main") [and inputs: list of arrays or a
+                               function returning one, reference: function of the inputs]
+"""
+from __future__ import annotations
+
+import os
+import runpy
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..errors import FrontendError, UnknownWorkloadError
+from .common import input_specs, random_inputs, read_path
+
+SUFFIXES = (".onnx", ".txt", ".relay", ".py")
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    mod: object  # tvm.IRModule
+    arrays: list
+    _reference: Callable | None = None
+    rtol: float = 1e-4
+    atol: float = 1e-5
+    size: str = "-"
+    eager: Callable | None = None  # the original framework's forward on numpy inputs (timing)
+    source: str = ""
+    notes: list = field(default_factory=list)
+
+    def inputs(self) -> list[np.ndarray]:
+        return [np.array(a, copy=True) for a in self.arrays]
+
+    def reference(self, *inputs):
+        return None if self._reference is None else self._reference(*inputs)
+
+
+def _is_file_spec(spec: str) -> bool:
+    return spec.endswith(SUFFIXES) or os.sep in spec or os.path.exists(spec)
+
+
+def load_model(spec, size: str = "small"):
+    """Resolve SPEC (see the module docstring) to a workload-like object."""
+    from .. import models, workloads
+
+    spec = os.fspath(spec)
+    if spec in workloads.names():
+        return workloads.get(spec, size)
+    if spec in models.names():
+        return models.get(spec, size)
+    if not _is_file_spec(spec):
+        raise UnknownWorkloadError(
+            f"unknown workload {spec!r}; known workloads: {', '.join(workloads.names())}; real models: "
+            f"{', '.join(models.names())}; or a model file ({', '.join(SUFFIXES)})")
+    path = read_path(spec, "--model", SUFFIXES)
+    name = os.path.basename(path)
+    if path.endswith(".onnx"):
+        return _load_onnx(path, name)
+    if path.endswith((".txt", ".relay")):
+        return _load_relay(path, name)
+    if path.endswith(".py"):
+        return _load_py(path, name)
+    raise FrontendError(f"--model {path}: unknown file type; use one of {', '.join(SUFFIXES)}")
+
+
+def _load_onnx(path, name):
+    import onnxruntime as ort
+
+    from .from_onnx import from_onnx, load_onnx
+
+    model = load_onnx(path)
+    mod = from_onnx(model)
+    arrays = random_inputs(input_specs(mod))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+
+    def reference(*inputs):
+        outs = sess.run(None, dict(zip(names, inputs)))
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    return LoadedModel(name, mod, arrays, reference, atol=1e-4, source="onnx (reference: onnxruntime)")
+
+
+def _load_relay(path, name):
+    from .relay_text import from_relay_text
+
+    side = os.path.splitext(path)[0] + ".npz"
+    if os.path.isfile(side):
+        with np.load(side) as z:
+            constants = [z[f"arr_{i}"] for i in range(len(z.files))]
+        mod, note = from_relay_text(path, constants=constants), f"constants from {os.path.basename(side)}"
+    else:
+        mod, note = from_relay_text(path, random_constants=True), "meta constants (if any) random-filled"
+    arrays = random_inputs(input_specs(mod))
+    for (pname, _, _), a in zip(input_specs(mod), arrays):
+        if pname.startswith(("var", "moving_var")):  # batch-norm variances must be positive
+            a[...] = np.abs(a) + 0.5
+    return LoadedModel(name, mod, arrays, None, atol=1e-4, source="relay text", notes=[note])
+
+
+def _load_py(path, name):
+    import tvm
+
+    try:
+        ns = runpy.run_path(path, run_name="__tvmfuse_model__")
+    except Exception as err:
+        raise FrontendError(f"--model {path}: running the file failed: {type(err).__name__}: {err}") from err
+    if "model" in ns and "example_inputs" in ns:
+        return _from_torch_ns(ns, name)
+    mods = [v for k, v in ns.items() if isinstance(v, tvm.IRModule) and "main" in [g.name_hint for g in v.get_global_vars()]]
+    if "mod" in ns and isinstance(ns["mod"], tvm.IRModule):
+        mods = [ns["mod"]]
+    if not mods:
+        raise FrontendError(f"--model {path}: the file defines neither `model` + `example_inputs` (torch) nor a "
+                            "Relax IRModule `mod` with a 'main' function")
+    mod = mods[0]
+    inputs = ns.get("inputs")
+    arrays = inputs() if callable(inputs) else inputs
+    arrays = [np.asarray(a) for a in arrays] if arrays is not None else random_inputs(input_specs(mod))
+    return LoadedModel(name, mod, arrays, ns.get("reference"), source="relax module")
+
+
+def _from_torch_ns(ns, name):
+    import torch
+
+    from .from_torch import from_torch
+
+    module, ex = ns["model"], ns["example_inputs"]
+    ex = (ex,) if isinstance(ex, torch.Tensor) else tuple(ex)
+    mod = from_torch(module, ex, ns.get("dynamic_shapes"))
+    arrays = [t.detach().numpy() for t in ex]
+
+    def eager(*inputs):
+        with torch.inference_mode():
+            return module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+
+    def reference(*inputs):
+        out = eager(*inputs)
+        return out.numpy() if isinstance(out, torch.Tensor) else tuple(o.numpy() for o in out)
+
+    return LoadedModel(name, mod, arrays, reference, atol=1e-4, eager=eager, source="torch.export")

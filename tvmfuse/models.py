@@ -1,0 +1,201 @@
+"""Real models, built offline from a config with random weights (nothing is downloaded).
+
+Each builder returns a `LoadedModel` (tvmfuse.frontends.load): the imported Relax `mod`,
+deterministic `inputs()`, `reference()` from the framework the model came from (PyTorch eager, or
+onnxruntime for the ONNX one), tolerances, and `eager(*inputs)` for timing PyTorch in the same run.
+
+  bert-tiny       transformers BertModel, hidden 64, 2 layers, 2 heads, vocab 100   (torch.export)
+  gpt2-tiny       transformers GPT2LMHeadModel, n_embd 64, 2 layers, 2 heads, use_cache=False
+  resnet-tiny     a ResNet-style conv net written here: stem, 2 basic blocks (one strided with a 1x1
+                  projection), BatchNorm in inference mode, global average pool, linear head
+  bert-tiny-onnx  bert-tiny exported with torch.onnx.export(dynamo=False), imported with from_onnx,
+                  checked against onnxruntime
+
+Sizes: "small" (tests: sequence 16, image 16x16) and "bench" (sequence 128, image 64x64).
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from .errors import UnknownWorkloadError
+from .frontends.load import LoadedModel
+
+SEQ = {"small": 16, "bench": 128}
+IMAGE = {"small": 16, "bench": 64}
+VOCAB = 100
+
+
+def _torch():
+    import torch
+
+    torch.manual_seed(0)
+    return torch
+
+
+def _bert_module():
+    torch = _torch()
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                     vocab_size=VOCAB, max_position_embeddings=256, attn_implementation="eager")
+
+    class Bert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = BertModel(cfg)
+
+        def forward(self, input_ids):
+            return self.bert(input_ids=input_ids).last_hidden_state
+
+    return Bert().eval()
+
+
+def _gpt2_module():
+    torch = _torch()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=256, use_cache=False,
+                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+
+    class GPT2(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = GPT2LMHeadModel(cfg)
+
+        def forward(self, input_ids):
+            return self.gpt2(input_ids=input_ids, use_cache=False).logits
+
+    return GPT2().eval()
+
+
+def _resnet_module():
+    torch = _torch()
+    nn = torch.nn
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.down = None
+            if stride != 1 or cin != cout:
+                self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return torch.relu(y + (x if self.down is None else self.down(x)))
+
+    class ResNetTiny(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, 1, 1, bias=False), nn.BatchNorm2d(16), nn.ReLU())
+            self.layer1 = BasicBlock(16, 16, 1)
+            self.layer2 = BasicBlock(16, 32, 2)
+            self.fc = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = self.layer2(self.layer1(self.stem(x)))
+            return self.fc(x.mean(dim=(2, 3)))
+
+    net = ResNetTiny()
+    with torch.no_grad():  # non-trivial BatchNorm statistics, so inference BN is not an identity
+        for m in net.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.normal_(0, 0.1)
+    return net.eval()
+
+
+def _ids(size):
+    return np.random.default_rng(0).integers(0, VOCAB, size=(1, SEQ[size])).astype("int64")
+
+
+def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
+    from .frontends.from_torch import from_torch
+
+    torch = _torch()
+    tensors = tuple(torch.from_numpy(a) for a in arrays)
+    mod = from_torch(module, tensors)
+
+    def eager(*inputs):
+        with torch.inference_mode():
+            return module(*[torch.from_numpy(np.ascontiguousarray(a)) for a in inputs])
+
+    def reference(*inputs):
+        return eager(*inputs).numpy()
+
+    return LoadedModel(name, mod, arrays, reference, rtol=rtol, atol=atol, size=size, eager=eager,
+                       source="torch.export")
+
+
+def bert_tiny(size="small"):
+    return _torch_model("bert-tiny", _bert_module(), [_ids(size)], size)
+
+
+def gpt2_tiny(size="small"):
+    return _torch_model("gpt2-tiny", _gpt2_module(), [_ids(size)], size)
+
+
+def resnet_tiny(size="small"):
+    x = np.random.default_rng(0).standard_normal((1, 3, IMAGE[size], IMAGE[size])).astype("float32")
+    return _torch_model("resnet-tiny", _resnet_module(), [x], size)
+
+
+def export_onnx(module, arrays, names) -> bytes:
+    """torch.onnx.export with the TorchScript exporter (dynamo=False: no onnxscript needed)."""
+    import warnings
+
+    torch = _torch()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, tuple(torch.from_numpy(a) for a in arrays), buf, input_names=names,
+                          output_names=["output"], opset_version=17, dynamo=False)
+    return buf.getvalue()
+
+
+def bert_tiny_onnx(size="small"):
+    import onnx
+    import onnxruntime as ort
+
+    from .frontends.from_onnx import from_onnx
+
+    module, arrays = _bert_module(), [_ids(size)]
+    blob = export_onnx(module, arrays, ["input_ids"])
+    mod = from_onnx(onnx.load_from_string(blob))
+    sess = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
+
+    def reference(*inputs):
+        return sess.run(None, {"input_ids": inputs[0]})[0]
+
+    torch = _torch()
+
+    def eager(*inputs):
+        with torch.inference_mode():
+            return module(*[torch.from_numpy(a) for a in inputs])
+
+    return LoadedModel("bert-tiny-onnx", mod, arrays, reference, rtol=1e-4, atol=1e-4, size=size, eager=eager,
+                       source="torch.onnx.export -> from_onnx (reference: onnxruntime)")
+
+
+MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "resnet-tiny": resnet_tiny,
+          "bert-tiny-onnx": bert_tiny_onnx}
+
+
+def names() -> list[str]:
+    return list(MODELS)
+
+
+def get(name: str, size: str = "small") -> LoadedModel:
+    if name not in MODELS:
+        raise UnknownWorkloadError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
+    if size not in SEQ:
+        raise UnknownWorkloadError(f"unknown size {size!r} for model {name!r}; use one of {tuple(SEQ)}")
+    return MODELS[name](size)
