@@ -3,7 +3,8 @@
 fusion bought: launches, bytes moved, peak memory, latency, side by side in one run.
 
 With no arguments: every zoo workload, bench shapes, on llvm (the host CPU).
-Tuning flags (--trials, --logs, --rpc-tracker, ...) arrive with the tuning work.
+With tuning flags (--trials, --time-budget, --logs, --rpc-tracker, ...) it tunes with MetaSchedule and
+adds the tvm+tuned and tvmfuse+tuned variants. `tune.py merge A B -o C` merges tuning-log folders.
 """
 from __future__ import annotations
 
@@ -29,10 +30,18 @@ def parse(argv=None):
     ap.add_argument("--json", metavar="PATH", help="write all tables as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write all tables as markdown")
     ap.add_argument("--report", metavar="PATH", help="write the HTML report (graphs, charts, per-kernel profiles)")
+    from tvmfuse.tuning import cli as tuning_cli
+
+    tuning_cli.add_arguments(ap)
     return ap.parse_args(argv)
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["merge"]:
+        from tvmfuse.tuning.cli import merge_main
+
+        return merge_main(argv[1:])
     args = parse(argv)
     import tvm
     from tqdm import tqdm
@@ -44,7 +53,10 @@ def main(argv=None):
 
     try:
         target = resolve(args.target, arch=args.arch)
-        names = workloads.names() if args.model == "all" else [workloads.get(args.model).name]
+        from tvmfuse.frontends import load_model  # zoo name, real model, .onnx/.txt/.relay/.py file
+
+        loaded = {} if args.model == "all" else {args.model: load_model(args.model, args.size)}
+        names = workloads.names() if args.model == "all" else [args.model]
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -52,15 +64,27 @@ def main(argv=None):
     if not run:
         print("note: no CUDA device here; building and counting kernels only (no latency)", file=sys.stderr)
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
+    from tvmfuse.tuning import cli as tuning_cli
+
+    if tuning_cli.requested(args) or any(v.endswith("+tuned") for v in variants):
+        variants = tuning_cli.tuned_variants(variants)
+        try:
+            tuning_cli.run(names, args.size, target, variants, args)
+        except TvmfuseError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     results = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
-        w = workloads.get(name, args.size)
+        w = loaded[name] if name in loaded else workloads.get(name, args.size)
         cmp = tvmfuse.compare(w.mod, w.inputs(), target, variants, reference=w.reference(*w.inputs()) if run else None,
-                              name=f"{name} [{args.size}]", rtol=w.rtol, atol=w.atol, run=run, repeat=args.repeat)
+                              name=f"{name} [{args.size}]", rtol=w.rtol, atol=w.atol, run=run, repeat=args.repeat,
+                              tuning_logs=args.logs)
         cmp.target = args.target
         tqdm.write(str(cmp) + "\n", file=sys.stdout)
         results.append(cmp)
     summary = _summary(results, variants)
+    tuned_summary = tuning_cli.summary(results)
+    summary += "\n\n" + tuned_summary if tuned_summary else ""
     print(summary)
     if args.json:
         with open(args.json, "w") as f:

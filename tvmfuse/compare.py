@@ -76,13 +76,16 @@ def _close(out, ref, rtol, atol):
 
 
 def compare(mod, inputs, target="llvm", variants=("none", "tvm", "tvmfuse"), reference=None,
-            name="model", rtol=1e-4, atol=1e-5, run=True, repeat=15) -> Comparison:
+            name="model", rtol=1e-4, atol=1e-5, run=True, repeat=15, tuning_logs=None) -> Comparison:
     """Build `mod` under each variant, check numerics against `reference` (outputs or the first
-    variant's outputs), and measure launches, bytes, peak memory and latency side by side."""
+    variant's outputs), and measure launches, bytes, peak memory and latency side by side.
+    A variant "X+tuned" is X built with the tuned schedules from `tuning_logs`."""
     rows, checks, first = [], {}, reference
     for v in variants:
-        c = build(mod, target, v)
+        base, _, tuned = v.partition("+")
+        c = build(mod, target, base, tuning_logs=(tuning_logs or "tuning_logs") if tuned else None)
         m = measure(c, inputs, run=run, repeat=repeat)
+        m.variant = v
         if run:
             out = c(*inputs)
             if first is None:

@@ -28,6 +28,7 @@ import logging
 import os
 
 import tvm
+import tvm_ffi
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.database import PyDatabase, TuningRecord, Workload
@@ -153,7 +154,7 @@ class DurableDatabase(PyDatabase):
             if w.same_as(wl):
                 return i
         for w, i in self._index_of:
-            if tvm.ir.structural_equal(w.mod, wl.mod):
+            if tvm_ffi.structural_equal(w.mod, wl.mod):
                 return i
         return None
 

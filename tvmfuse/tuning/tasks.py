@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm.s_tir.meta_schedule.tir_integration import _normalize_mod
 
 from .. import pipeline
@@ -50,7 +51,7 @@ def extract(mod: tvm.IRModule) -> list[Task]:
         weight = calls.get(gv.name_hint, 0)
         if weight == 0:
             continue
-        same = next((t for t in tasks if tvm.ir.structural_equal(t.mod, norm)), None)
+        same = next((t for t in tasks if tvm_ffi.structural_equal(t.mod, norm)), None)
         if same:
             same.weight += weight
         else:
