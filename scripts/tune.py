@@ -21,7 +21,9 @@ def parse(argv=None):
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="all",
-                    help=f"zoo workload name, or 'all' (default). Known: {', '.join(workloads.names())}")
+                    help=f"zoo workload name, or 'all' (default). Known: {', '.join(workloads.names())}. Also a real "
+                         "model (bert-tiny, gpt2-tiny, resnet-tiny, bert-tiny-onnx) or a model file: .onnx, Relay "
+                         "text .txt/.relay, or .py defining `model` + `example_inputs` (torch) or a Relax `mod`")
     ap.add_argument("--size", default="bench", choices=workloads.SIZES, help="shape set (default: bench)")
     ap.add_argument("--target", default="llvm", help="llvm (default, host CPU) or cuda (compile-only without a GPU)")
     ap.add_argument("--arch", default="sm_90", help="CUDA arch (default sm_90)")
