@@ -185,7 +185,8 @@ def layout(fg: FusionGraph) -> dict:
         target = sum(near) / len(near) - (width - 1) / 2 if near else 0.0
         busy = [(a, b) for a, b, c, d in placed if c <= y1 and y0 <= d]
         right = max([b for _, b in busy] + [0])
-        free = [x for x in range(right + 1) if all(x + width <= a or x >= b for a, b in busy)]
+        limit = max(right, int(round(target)))  # every column from `right` on is free
+        free = [x for x in range(limit + 1) if all(x + width <= a or x >= b for a, b in busy)]
         x = min(free, key=lambda x: (abs(x - target), x))
         placed.append((x, x + width, y0, y1))
         for y, nodes in sorted(rows.items()):
@@ -240,18 +241,7 @@ def _render(fg, path, groups, head, edge_labels):
     fig.subplots_adjust(left=0.01, right=0.99, top=1 - 0.9 / fig_h, bottom=0.5 / fig_h)
     if groups:
         _draw_group_boxes(ax, fg, pos, Rectangle)
-    edges = list(G.edges())
-    patches = nx.draw_networkx_edges(G, pos, edgelist=edges, ax=ax, arrows=True, arrowsize=8, width=0.8,
-                                     edge_color="#555555", node_size=700, connectionstyle="arc3,rad=0.08")
-    for (u, v), p in zip(edges, patches):
-        p.set_gid(f"edge-{u}-{v}")
-    if edge_labels:
-        texts = nx.draw_networkx_edge_labels(G, pos, edge_labels=nx.get_edge_attributes(G, "label"),
-                                             ax=ax, font_size=5.5, font_color="#444444", rotate=False,
-                                             bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none",
-                                                   "alpha": 0.8}, connectionstyle="arc3,rad=0.08")
-        for (u, v), t in texts.items():
-            t.set_gid(f"label-{u}-{v}")
+    _draw_edges(ax, G, grid, pos, edge_labels)
     for n, d in G.nodes(data=True):
         _draw_node(ax, n, d, pos[n])
     xs = [p[0] for p in pos.values()]
@@ -265,6 +255,30 @@ def _render(fg, path, groups, head, edge_labels):
     legend.set_gid("legend")
     fig.suptitle(head, fontsize=9, y=1 - 0.15 / fig_h, va="top")
     return _save(fig, plt, path)
+
+
+def _draw_edges(ax, G, grid, pos, edge_labels):
+    """Edges to the next layer go straight; longer ones bow ~0.5 in sideways, clear of the nodes
+    between (arc3's rad is relative to the edge length, so edges are drawn in buckets of rad)."""
+    buckets = {}
+    for u, v in G.edges():
+        span = abs(grid[v][1] - grid[u][1])
+        rad = 0.0 if span <= 1 else round(min(0.6, 1.0 / span), 2)
+        buckets.setdefault(rad, []).append((u, v))
+    labels = nx.get_edge_attributes(G, "label")
+    for rad, edges in sorted(buckets.items()):
+        style = f"arc3,rad={rad}"
+        patches = nx.draw_networkx_edges(G, pos, edgelist=edges, ax=ax, arrows=True, arrowsize=8, width=0.8,
+                                         edge_color="#555555", node_size=700, connectionstyle=style)
+        for (u, v), p in zip(edges, patches):
+            p.set_gid(f"edge-{u}-{v}")
+        if edge_labels:
+            texts = nx.draw_networkx_edge_labels(G, pos, edge_labels={e: labels[e] for e in edges}, ax=ax,
+                                                 font_size=5.5, font_color="#444444", rotate=False,
+                                                 bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none",
+                                                       "alpha": 0.8}, connectionstyle=style)
+            for (u, v), t in texts.items():
+                t.set_gid(f"label-{u}-{v}")
 
 
 def _draw_node(ax, n, d, xy):
