@@ -112,6 +112,17 @@ def test_report_profiles(rendered):
         assert all(kind.split(":")[0] in {g.id for g in fg.groups} for kind, _ in kinds)
 
 
+def test_report_of_builds_not_run():
+    """What a CUDA report looks like on a machine without a GPU: static figures, no latency or profile."""
+    w = workloads.get("softmax_chain", "small")
+    cmp = tvmfuse.compare(w.mod, w.inputs(), "llvm", run=False, name="softmax_chain")
+    doc = report.render([report.profile(report.Entry("softmax_chain", w.mod, cmp, None), "llvm")])
+    assert_offline(doc)
+    assert "not run here" in doc and "No per-kernel profile" in doc
+    ids = by_id(doc)
+    assert "w0-bars-bar-launches-tvmfuse" in ids and "w0-bars-bar-latency-tvmfuse" not in ids
+
+
 def test_kernel_profile_adds_up(build_cached):
     w = workloads.get("rmsnorm_residual", "small")
     for fusion in ("none", "tvm", "tvmfuse"):

@@ -115,15 +115,17 @@ def variant_charts(cmp) -> str:
     panels = [("latency", "median ms (p10-p90)", lat, err), ("launches", "kernel launches",
               [r.launches for r in rows], None), ("bytes", "MB moved", [r.bytes_moved / 1e6 for r in rows], None)]
     for ax, (key, label, vals, yerr) in zip(axes, panels):
-        bars = ax.bar(names, vals, color=colors, yerr=yerr if any(vals) else None, capsize=3)
-        for n, b in zip(names, bars):
-            b.set_gid(f"bar-{key}-{n}")
         ax.set_title(label, fontsize=9)
         ax.tick_params(labelsize=8)
-        ax.bar_label(bars, fmt="%.3g", fontsize=7)
-        if key == "latency" and not any(vals):
-            ax.text(0.5, 0.5, "not run", transform=ax.transAxes, ha="center", fontsize=8, color="#666")
         ax.spines[["top", "right"]].set_visible(False)
+        if not any(vals):  # latency of a build that could not run here
+            ax.set_yticks([])
+            ax.text(0.5, 0.5, "not run here", transform=ax.transAxes, ha="center", fontsize=8, color="#666")
+            continue
+        bars = ax.bar(names, vals, color=colors, yerr=yerr, capsize=3)
+        for n, b in zip(names, bars):
+            b.set_gid(f"bar-{key}-{n}")
+        ax.bar_label(bars, fmt="%.3g", fontsize=7)
     fig.tight_layout()
     return _fig_svg(fig, plt)
 

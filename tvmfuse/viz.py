@@ -320,7 +320,7 @@ def kernel_graph(fg: FusionGraph) -> nx.DiGraph:
     node_k = {}
     for grp in fg.groups:
         cls = [G.nodes[n]["cls"] for n in grp.members]
-        main = max(CLASSES, key=lambda c: (cls.count(c), CLASSES.index(c) if c in (COMPUTE, REDUCTION) else -1))
+        main = next((c for c in (COMPUTE, REDUCTION, OPAQUE) if c in cls), None) or max(cls, key=cls.count)
         K.add_node(grp.id, kind="kernel", name=grp.id, op=grp.kind, cls=main, group=grp.id, ops=len(grp.members))
         node_k.update({n: grp.id for n in grp.members})
     for n, d in G.nodes(data=True):
@@ -334,7 +334,8 @@ def kernel_graph(fg: FusionGraph) -> nx.DiGraph:
 
 
 def draw_kernels(fg: FusionGraph, path=None, title: str | None = None) -> str:
-    """SVG of the graph after fusion: each kernel one node, coloured by its main op class."""
+    """SVG of the graph after fusion: each kernel one node, coloured by its main op class (the
+    compute-heavy anchor, else a reduction, else an opaque op, else its most common class)."""
     K = kernel_graph(fg)
     for n, d in K.nodes(data=True):
         if d["kind"] == "kernel":
