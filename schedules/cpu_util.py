@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import tvm
+import tvm_ffi
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from .row_chain import is_output
@@ -36,20 +37,41 @@ def inline_injective(sch):
     return normalize_prim_func(sch)
 
 
+_IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+
+
 def _costly_to_recompute(sch, info):
     """Stages kept as in-kernel buffers instead of inlined:
-    - a pure copy (transpose, reshape) read by a reduction: inlined, the matmul would read its
-      operand with strides; materialised, it is a packed operand
+    - a pure copy (transpose, reshape) or a padding read by a reduction: inlined, the matmul
+      would read its operand with strides and the conv would test the border on every multiply;
+      materialised, it is a packed operand
     - a stage read by several consumers that calls a transcendental (exp in softmax): inlining
       would evaluate it once per consumer"""
     consumers = sch.get_consumers(info.block_rv)
     body = sch.get(info.block_rv).body
-    is_copy = isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.TensorLoad)  # what tirx.BufferLoad builds in 0.27
-    if is_copy and any(is_reduction(sch, c) for c in consumers):
+    value = body.value if isinstance(body, tvm.tirx.BufferStore) else None
+    is_copy = isinstance(value, tvm.ir.TensorLoad)  # what tirx.BufferLoad builds in 0.27
+    is_pad = isinstance(value, tvm.ir.Call) and value.op.same_as(_IF_THEN_ELSE)
+    if (is_copy or is_pad) and any(is_reduction(sch, c) for c in consumers):
         return True
     if len(consumers) < 2:
         return False
     return any(f"T.{name}(" in str(body) for name in CPU["costly_intrinsics"])
+
+
+def operands_of_reduction(sch, block_rv) -> int:
+    """How many buffers the block reads at an index that moves with a reduction variable: 2 for a
+    matmul or conv (input and weight), 1 for a row sum."""
+    block = sch.get(block_rv)
+    red = {iv.var for iv in block.iter_vars if int(iv.iter_type) == 2}
+    found = []
+
+    def uses(expr):
+        found.clear()
+        tvm_ffi.structural_walk(expr, (tvm.tirx.Var, lambda v: found.append(v in red)), order="post")
+        return any(found)
+
+    return sum(any(uses(rg.min) for rg in r.region) for r in block.reads)
 
 
 def is_reduction(sch, block_rv):

@@ -4,7 +4,12 @@ CPU = {
     "vector_bytes": 64,  # AVX-512 register width; the llvm target's mcpu decides what is emitted
     "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
     "max_vector_lanes": 16,
-    "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks
+    "reduction_chunks": 64,
+    "mm_rows": 8,  # matmul micro-kernel height MR (rows of A broadcast per k)
+    "mm_col_vectors": 2,
+    "conv_out_channels": 8,  # conv2d tile: output channels (a broadcast weight each) ...
+    "conv_rows": 2,  # ... x output rows ...
+    "conv_min_vector": 4,  # ... x a vector of output columns at least this wide  # micro-kernel width NR in vector registers: MR x NR/lanes accumulators  # a full (scalar) reduction is cut into this many parallel chunks
     # stages calling these are not inlined into several consumers (recompute costs more than a re-read)
     "costly_intrinsics": ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt"),
 }

@@ -81,3 +81,30 @@ def test_full_reduction_numerics(shape):
     s, m = c(x)
     np.testing.assert_allclose(s, x.astype("float64").sum(), rtol=1e-4, atol=1e-3)
     np.testing.assert_allclose(m, np.abs(x).max(), rtol=0, atol=0)
+
+
+def test_matmul_groups_take_the_matmul_rule():
+    assert set(_rules(built("mlp_block", "tvmfuse")).values()) == {"cpu.Matmul"}
+
+
+def _conv_module(c, hw, k):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "float32"))
+    w = relax.Var("w", relax.TensorType((c, c, k, k), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, padding=(k // 2, k // 2)))
+            out = bb.emit_output(relax.op.add(bb.emit(relax.op.nn.relu(y)), x))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("c,hw,k", [(16, 16, 3), (8, 12, 1), (24, 20, 3)])
+def test_conv_rule_numerics(c, hw, k):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, c, hw, hw)).astype("float32")
+    w = rng.standard_normal((c, c, k, k)).astype("float32")
+    compiled = tvmfuse.build(_conv_module(c, hw, k), "llvm", "tvmfuse")
+    assert set(_rules(compiled).values()) == {"cpu.Conv2D"}
+    ref = np.maximum(workloads._conv2d_nchw(x, w, pad=k // 2), 0) + x
+    np.testing.assert_allclose(compiled(x, w), ref, rtol=1e-4, atol=1e-4)

@@ -1,0 +1,95 @@
+"""CPU direct conv2d (NCHW) + epilogue: a register tile of output channels x rows x a vector of
+output columns, the epilogue (relu, batch norm, residual) applied to the tile.
+
+Contract: `Conv2D.apply(func, target)` takes a PrimFunc whose one reduction (after inlining the
+injective stages; the padded input stays its own stage) has up to three reduction variables (in
+channels, kernel rows, kernel columns; a 1x1 kernel leaves one) after its spatial ones and reads
+two operands with them, the last three spatial being output
+channel, row and column; the other stages are spatial. It returns the function scheduled, or None
+(decline) when the tile does not divide the output. Only the loop order changes, never the math.
+
+Schedule (constants in targets.CPU):
+  for (n, oc0, oh0) in parallel:
+    for ow0:
+      tile[OCB, OHB, VW] = 0
+      for rc, ry, rx: for oc1 (unrolled): for oh1 (unrolled): for ow1 (vector):
+        tile += pad[rc, oh + ry, ow + rx] * w[oc, rc, ry, rx]   # one vector load, a broadcast
+      epilogue on the tile, vectorized, written once
+"""
+from __future__ import annotations
+
+from tvm import s_tir
+
+from .cpu_util import (block_bits, extent, inline_injective, is_reduction, lanes, operands_of_reduction,
+                       schedule_spatial)
+from .rule import ScheduleRule
+from .targets import CPU
+
+
+class Conv2D(ScheduleRule):
+    name = "cpu.Conv2D"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = inline_injective(sch)
+        if not infos:
+            return None
+        reductions = [i for i in infos if is_reduction(sch, i.block_rv)]
+        if len(reductions) != 1:
+            return None
+        conv = reductions[0]
+        kinds = conv.dom_kind()
+        n_red = kinds.count("R")
+        if not 1 <= n_red <= 3 or kinds != "S" * (len(kinds) - n_red) + "R" * n_red or len(kinds) - n_red < 3:
+            return None
+        if operands_of_reduction(sch, conv.block_rv) < 2:  # a row sum over 3-d rows, not a conv
+            return None
+        tile = _tile(sch, conv.block_rv, n_red)
+        if tile is None:
+            return None
+        at, rc = tile
+        for info in infos[infos.index(conv) + 1:]:  # the epilogue joins the tile
+            sch.reverse_compute_at(info.block_rv, at, preserve_unit_loops=True)
+            _vectorize_last(sch, info.block_rv)
+        sch.decompose_reduction(conv.block_rv, rc)
+        for info in infos[: infos.index(conv)]:  # the padded input: its own parallel loops
+            schedule_spatial(sch, info)
+        return sch.mod["main"]
+
+
+def _widest_dividing(n, v):
+    while v > 1 and n % v:
+        v //= 2
+    return v
+
+
+def _tile(sch, conv, n_red):
+    """(n_red is 1 for a 1x1 conv, whose unit kernel loops normalisation dropped.)"""
+    loops = sch.get_loops(conv)
+    *lead, oc, oh, ow = loops[:-n_red]
+    reds = loops[-n_red:]
+    n_oc, n_oh, n_ow = extent(sch, oc), extent(sch, oh), extent(sch, ow)
+    if not (n_oc and n_oh and n_ow):
+        return None
+    vw = _widest_dividing(n_ow, lanes(block_bits(sch, conv)))
+    ocb = _widest_dividing(n_oc, CPU["conv_out_channels"])
+    ohb = _widest_dividing(n_oh, CPU["conv_rows"])
+    if vw < CPU["conv_min_vector"] or ocb < 2:
+        return None
+    oc0, oc1 = sch.split(oc, [None, ocb])
+    oh0, oh1 = sch.split(oh, [None, ohb])
+    ow0, ow1 = sch.split(ow, [None, vw])
+    sch.reorder(*lead, oc0, oh0, ow0, *reds, oc1, oh1, ow1)
+    sch.unroll(oc1)
+    sch.unroll(oh1)
+    sch.vectorize(ow1)
+    sch.parallel(sch.fuse(*lead, oc0, oh0))
+    return ow0, reds[0]
+
+
+def _vectorize_last(sch, block_rv):
+    last = sch.get_loops(block_rv)[-1]
+    n = extent(sch, last)
+    v = _widest_dividing(n, lanes(block_bits(sch, block_rv))) if n else 1
+    if v > 1:
+        sch.vectorize(sch.split(last, [None, v])[1])
