@@ -29,6 +29,7 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
     default schedule), then the default schedules for the rest; stop before lowering."""
     if fusion not in pipeline.VARIANTS:
         raise ValueError(f"unknown fusion variant {fusion!r}; use one of {pipeline.VARIANTS}")
+    check_module(mod)
     target = resolve(target)
     with target, tvm.transform.PassContext(opt_level=3):
         seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
@@ -38,6 +39,17 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
 
         mod = apply_logs(mod, target, tuning_logs)
     return schedules.apply_default_schedules(mod, target)
+
+
+def check_module(mod) -> None:
+    """InputError unless `mod` is an IRModule with a Relax function "main" (what build compiles)."""
+    if not isinstance(mod, tvm.IRModule):
+        hint = " (wrap it: tvm.IRModule({'main': func}))" if isinstance(mod, relax.Function) else ""
+        raise InputError(f"expected a tvm.IRModule with a Relax function 'main', got {type(mod).__name__}{hint}; "
+                         "import a model with tvmfuse.frontends.load_model or write one with relax.BlockBuilder")
+    names = sorted(gv.name_hint for gv in mod.get_global_vars())
+    if "main" not in names or not isinstance(mod["main"], relax.Function):
+        raise InputError(f"the module has no function 'main' (a Relax function) to build; it defines {names}")
 
 
 def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: str | None = None,
@@ -55,6 +67,7 @@ class Compiled:
         self.mod, self.executable, self.target, self.fusion = mod, executable, target, fusion
         main = mod["main"]
         self.params = [(p.name, static_shape(p.ty), p.ty.dtype) for p in main.params]
+        self._dims = [_dims(p.ty) for p in main.params]  # ints and symbolic names, checked before TVM
 
     # ------------------------------------------------------------------ inspection
     def call_sites(self) -> list[str]:
@@ -120,6 +133,11 @@ class Compiled:
             a = np.asarray(a)
             if shape is not None and tuple(a.shape) != shape:
                 raise InputError(f"input {i} '{name}': expected shape {list(shape)}, got {list(a.shape)}")
+            dims = self._dims[i]
+            if dims is not None and (len(dims) != a.ndim or any(
+                    isinstance(d, int) and d != n for d, n in zip(dims, a.shape))):
+                shown = "[" + ", ".join(str(d) for d in dims) + "]"
+                raise InputError(f"input {i} '{name}': expected shape {shown}, got {list(a.shape)}")
             if str(a.dtype) != dtype:
                 raise InputError(
                     f"input {i} '{name}': expected dtype {dtype}, got {a.dtype} (cast with .astype('{dtype}'))"
@@ -131,6 +149,13 @@ class Compiled:
     def __call__(self, *arrays):
         args = self.convert_inputs(arrays)
         return _to_numpy(self.vm()["main"](*args))
+
+
+def _dims(ty):
+    """A parameter's dims: ints where static, the symbolic names elsewhere; None when unknown."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
+        return None
+    return [int(v) if isinstance(v, tvm.tirx.IntImm) else str(v) for v in ty.shape.values]
 
 
 def _to_numpy(res):

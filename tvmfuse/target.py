@@ -31,7 +31,7 @@ def resolve(target="llvm", arch: str = "sm_90") -> tvm.target.Target:
             return tvm.target.Target(target)
         except Exception as err:  # TVM's message is long; keep it but say what we were given
             raise TargetError(f"invalid target dict {target!r}: {err}") from None
-    if not isinstance(target, str) or target.split()[0] not in KNOWN:
+    if not isinstance(target, str) or (target.split() or [""])[0] not in KNOWN:  # "" too
         raise TargetError(
             f"unknown target {target!r}: use one of {', '.join(KNOWN)} "
             "(or pass a dict such as {'kind': 'cuda', 'arch': 'sm_90'})"

@@ -24,7 +24,7 @@ class RecordingSource:
 
 
 class ReplaySource:
-    """Replays recorded choices; a value out of range wraps, a missing one is the lowest."""
+    """Replays recorded choices; a value below the range or missing is the lowest, one above wraps."""
 
     def __init__(self, choices):
         self.choices, self.i = list(choices), 0
@@ -32,7 +32,7 @@ class ReplaySource:
     def int(self, lo, hi):
         v = self.choices[self.i] if self.i < len(self.choices) else lo
         self.i += 1
-        return v if lo <= v <= hi else lo + (v - lo) % (hi - lo + 1)
+        return lo if v < lo else v if v <= hi else lo + (v - lo) % (hi - lo + 1)
 
 
 def _still_fails(choices, max_ops, fails):
@@ -54,6 +54,15 @@ def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150):
     improved = True
     while improved and tries < budget:
         improved = False
+        for i in range(len(best)):  # lower each choice: small values one by one, then halve
+            for v in sorted(set(range(min(best[i], 12))) | {best[i] // 2, best[i] - 1}):
+                if v < best[i] and tries < budget:
+                    cand = best[:i] + [v] + best[i + 1:]
+                    tries += 1
+                    spec = _still_fails(cand, max_ops, fails)
+                    if spec is not None:
+                        best, best_spec, improved = cand, spec, True
+                        break
         for size in (8, 4, 2, 1):  # delete runs of choices
             i = 0
             while i < len(best) and tries < budget:
@@ -64,15 +73,6 @@ def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150):
                     best, best_spec, improved = cand, spec, True
                 else:
                     i += size
-        for i in range(len(best)):  # lower each choice (to 0, then to half)
-            for v in (0, best[i] // 2):
-                if v < best[i] and tries < budget:
-                    cand = best[:i] + [v] + best[i + 1:]
-                    tries += 1
-                    spec = _still_fails(cand, max_ops, fails)
-                    if spec is not None:
-                        best, best_spec, improved = cand, spec, True
-                        break
     return best_spec
 
 

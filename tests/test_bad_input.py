@@ -1,0 +1,247 @@
+"""Bad input everywhere a user can hand something in: each gets a clear tvmfuse error (or a logged
+fallback), never a bare traceback from deep inside TVM and never a crash of the process.
+
+Covered: model files (missing, empty, garbage, truncated, unsupported op, Relay syntax error,
+broken .py), modules (not a module, no main, opaque ops), run-time inputs (count, shape, rank,
+dtype, symbolic dims, 0-d, non-contiguous), targets, tuning-log folders (missing, a file, garbage).
+"""
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax import op as R
+
+import tvmfuse
+from tvmfuse.errors import (DeviceUnavailableError, FrontendError, InputError, TargetError, TvmfuseError,
+                            UnknownWorkloadError)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _mod(specs, body, dtype="float32"):
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, dtype)) for n, s in specs]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, *params))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.fixture(scope="module")
+def add_relu():
+    mod = _mod([("x", (4, 8)), ("y", (4, 8))], lambda bb, x, y: R.nn.relu(bb.emit(R.add(x, y))))
+    return tvmfuse.build(mod, "llvm", "tvmfuse")
+
+
+# ------------------------------------------------------------------------------ model files
+def _onnx_bytes():
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Exp", ["r"], ["y"])],
+                          "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.checker.check_model(m)
+    return m.SerializeToString()
+
+
+def _unsupported_onnx_bytes():
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])
+    node = helper.make_node("FancyOp", ["x"], ["y"], domain="com.example")
+    g = helper.make_graph([node], "g", [x], [y])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.example", 1)])
+    m.ir_version = 8
+    return m.SerializeToString()
+
+
+def _relay_text():
+    with open(os.path.join(ROOT, "tests", "relay", "mlp.txt")) as f:
+        return f.read()
+
+
+MODEL_FILES = {  # name -> (file content, what the error must say)
+    "empty.onnx": (b"", "onnx"),
+    "garbage.onnx": (b"\x08\x07not a protobuf at all\xff\xfe" * 8, "onnx"),
+    "truncated.onnx": (lambda: _onnx_bytes()[: len(_onnx_bytes()) // 2], "truncated.onnx"),
+    "unsupported.onnx": (_unsupported_onnx_bytes, "FancyOp"),
+    "syntax.txt": (b'#[version = "0.0.5"]\ndef @main(%x: Tensor[(2, 3), float32]) {\n  nn.relu(%x\n}\n', "syntax.txt"),
+    "truncated.txt": (lambda: _relay_text()[: len(_relay_text()) // 2].encode(), "truncated.txt"),
+    "raises.py": (b"raise RuntimeError('boom')\n", "boom"),
+    "nothing.py": (b"x = 1\n", "defines neither"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_FILES))
+def test_malformed_model_file_is_a_frontend_error(name, tmp_path):
+    from tvmfuse.frontends import load_model
+
+    content, says = MODEL_FILES[name]
+    content = content() if callable(content) else content
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(FrontendError) as err:
+        load_model(str(path))
+    assert says in str(err.value)
+    assert isinstance(err.value, TvmfuseError)
+
+
+def test_missing_model_file_and_unknown_name(tmp_path):
+    from tvmfuse.frontends import load_model
+
+    with pytest.raises(FrontendError, match="no such file"):
+        load_model(str(tmp_path / "nope.onnx"))
+    with pytest.raises(UnknownWorkloadError, match="unknown workload 'resnet9000'"):
+        load_model("resnet9000")
+    with pytest.raises(TvmfuseError):
+        load_model(str(tmp_path))  # a folder is not a model
+
+
+def test_cli_reports_a_truncated_model_without_a_traceback(tmp_path):
+    path = tmp_path / "truncated.onnx"
+    path.write_bytes(_onnx_bytes()[:40])
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "tune.py"), "--model", str(path)],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode > 0, r  # an error exit, not a signal (a crash gives a negative code)
+    assert "Traceback" not in r.stderr + r.stdout
+    assert "truncated.onnx" in r.stderr + r.stdout
+
+
+# ------------------------------------------------------------------------------ modules
+@pytest.mark.parametrize("bad", [None, np.zeros(3), "def main(): pass", 42])
+def test_build_rejects_what_is_not_a_module(bad):
+    with pytest.raises(InputError, match="IRModule"):
+        tvmfuse.build(bad, "llvm")
+
+
+def test_build_rejects_a_module_without_main():
+    mod = _mod([("x", (4,))], lambda bb, x: R.exp(x))
+    other = tvm.IRModule({"forward": mod["main"]})
+    with pytest.raises(InputError, match="no function 'main'.*forward"):
+        tvmfuse.build(other, "llvm")
+
+
+@tvm.register_global_func("tvmfuse_test.add_one")
+def _add_one(x, out):
+    out.copyfrom(x.numpy() + 1)
+
+
+@pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
+def test_opaque_external_op_is_left_unfused_logged_and_runs(fusion, caplog):
+    def body(bb, x):
+        y = bb.emit(R.exp(x))
+        z = bb.emit(relax.call_dps_packed("tvmfuse_test.add_one", [y], out_ty=relax.TensorType((4, 4), "float32")))
+        return R.multiply(bb.emit(R.negative(z)), x)
+
+    mod = _mod([("x", (4, 4))], body)
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        c = tvmfuse.build(mod, "llvm", fusion)
+    xn = np.random.default_rng(0).standard_normal((4, 4)).astype("float32")
+    np.testing.assert_allclose(c(xn), -(np.exp(xn) + 1) * xn, rtol=1e-5, atol=1e-6)
+    if fusion == "tvmfuse":
+        assert "opaque" in caplog.text and "call_dps_packed" in caplog.text
+
+
+# ------------------------------------------------------------------------------ run-time inputs
+def test_wrong_input_count_shape_rank_dtype(add_relu):
+    x = np.ones((4, 8), "float32")
+    with pytest.raises(InputError, match="main takes 2 inputs"):
+        add_relu()
+    with pytest.raises(InputError, match="main takes 2 inputs"):
+        add_relu(x, x, x)
+    with pytest.raises(InputError, match=r"input 1 'y': expected shape \[4, 8\], got \[8, 4\]"):
+        add_relu(x, x.T.copy())
+    with pytest.raises(InputError, match=r"expected shape \[4, 8\], got \[32\]"):
+        add_relu(x, x.ravel())
+    with pytest.raises(InputError, match="expected dtype float32, got int64"):
+        add_relu(x, [[1] * 8] * 4)  # a Python list becomes int64
+    with pytest.raises(InputError, match=r"input 1 'y': expected shape \[4, 8\], got \[\]"):
+        add_relu(x, None)
+    with pytest.raises(InputError, match="expected dtype float32, got object"):
+        add_relu(x, np.full((4, 8), None))
+
+
+def test_unusual_but_valid_inputs_work(add_relu):
+    x = np.arange(32, dtype="float32").reshape(8, 4).T  # non-contiguous view
+    np.testing.assert_allclose(add_relu(x, x), np.maximum(2 * x, 0))
+    scalar = _mod([("s", ()), ("v", (3,))], lambda bb, s, v: R.multiply(s, v))  # 0-d input (found by fuzzing)
+    out = tvmfuse.build(scalar, "llvm", "tvmfuse")(np.array(2.0, "float32"), np.ones(3, "float32"))
+    np.testing.assert_allclose(out, [2.0, 2.0, 2.0])
+
+
+def test_symbolic_dims_are_checked_before_tvm_sees_them():
+    bb = relax.BlockBuilder()
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(R.nn.relu(bb.emit(R.exp(x))))
+        bb.emit_func_output(out)
+    c = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    xn = np.zeros((3, 4), "float32")
+    np.testing.assert_allclose(c(xn), np.ones((3, 4)))
+    with pytest.raises(InputError, match=r"input 0 'x': expected shape \[n, 4\], got \[3, 5\]"):
+        c(np.zeros((3, 5), "float32"))
+    with pytest.raises(InputError, match=r"expected shape \[n, 4\], got \[12\]"):
+        c(np.zeros(12, "float32"))
+
+
+# ------------------------------------------------------------------------------ targets
+@pytest.mark.parametrize("target", ["tpu", "", None, 42, "llvm -mcpu=znver4", {"kind": "no-such-kind"},
+                                    ["llvm"]])
+def test_unknown_or_malformed_target(target):
+    mod = _mod([("x", (4,))], lambda bb, x: R.exp(x))
+    with pytest.raises(TargetError):
+        tvmfuse.build(mod, target)
+
+
+def test_cuda_module_cannot_run_without_a_gpu_says_so():
+    if tvm.cuda(0).exist:
+        pytest.skip("a GPU is present")
+    c = tvmfuse.build(_mod([("x", (4,))], lambda bb, x: R.exp(x)), "cuda")
+    with pytest.raises(DeviceUnavailableError, match="no cuda device"):
+        c(np.ones(4, "float32"))
+
+
+# ------------------------------------------------------------------------------ tuning logs
+def _build_with_logs(logs):
+    mod = _mod([("x", (4, 8))], lambda bb, x: R.nn.relu(bb.emit(R.exp(x))))
+    return tvmfuse.build(mod, "llvm", "tvmfuse", tuning_logs=logs)
+
+
+def test_tuning_logs_that_are_not_a_folder_fall_back_with_a_log(tmp_path, caplog):
+    pytest.importorskip("tvmfuse.tuning")
+    afile = tmp_path / "logs.json"
+    afile.write_text("{}")
+    for logs in (str(tmp_path / "missing"), str(afile)):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="tvmfuse.tuning"):
+            c = _build_with_logs(logs)
+        assert c.launches == 1
+        assert logs in caplog.text  # the fallback names the path it could not use
+
+
+def test_tuning_logs_full_of_garbage_are_skipped_with_warnings(tmp_path, caplog):
+    pytest.importorskip("tvmfuse.tuning")
+    from tvmfuse.target import resolve
+    from tvmfuse.tuning import target_key
+
+    folder = tmp_path / target_key(resolve("llvm"))
+    folder.mkdir()
+    for name in ("database_workload.json", "database_tuning_record.json", "tasks.json"):
+        (folder / name).write_bytes(b'{"truncated": [1, 2\n\x00\xff garbage\n[0, {"not": "a record"}]\n')
+    with caplog.at_level(logging.WARNING, logger="tvmfuse.tuning"):
+        c = _build_with_logs(str(tmp_path))
+    assert c.launches == 1
+    assert "skipping" in caplog.text
