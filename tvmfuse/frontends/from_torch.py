@@ -54,7 +54,7 @@ def _export(module, inputs, dynamic_shapes):
     try:
         return torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes)
     except Exception as err:  # torch raises many types (RuntimeError, UserError, TypeError, ...)
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = str(err).strip().splitlines()[0].rstrip(".") if str(err).strip() else type(err).__name__
         raise FrontendError(
             f"torch.export could not run {type(module).__name__}.forward on the example inputs "
             f"({_describe(inputs)}): {type(err).__name__}: {first}. Check that the example inputs have "

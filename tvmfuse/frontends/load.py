@@ -108,7 +108,7 @@ def _load_relay(path, name):
         mod, note = from_relay_text(path, random_constants=True), "meta constants (if any) random-filled"
     arrays = random_inputs(input_specs(mod))
     for (pname, _, _), a in zip(input_specs(mod), arrays):
-        if pname.startswith(("var", "moving_var")):  # batch-norm variances must be positive
+        if pname.startswith("var") or pname.endswith("var"):  # batch-norm variances must be positive
             a[...] = np.abs(a) + 0.5
     return LoadedModel(name, mod, arrays, None, atol=1e-4, source="relay text", notes=[note])
 

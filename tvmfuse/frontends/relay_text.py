@@ -61,7 +61,10 @@ def parse(text: str, source: str = "<relay>"):
         return _parser().parse(body)
     except UnexpectedInput as err:
         line, col = getattr(err, "line", "?"), getattr(err, "column", "?")
-        if isinstance(err, UnexpectedToken):
+        if isinstance(err, UnexpectedToken) and err.token.type == "$END":
+            what, expected = "unexpected end of input", sorted(err.accepts or err.expected)
+            line, col = body.count("\n") + 1, len(body.rsplit("\n", 1)[-1]) + 1
+        elif isinstance(err, UnexpectedToken):
             what = f"unexpected {err.token.type} {str(err.token)!r}"
             expected = sorted(err.accepts or err.expected)
         elif isinstance(err, UnexpectedCharacters):
