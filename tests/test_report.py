@@ -134,6 +134,20 @@ def test_kernel_profile_adds_up(build_cached):
         assert all(p["ms"] > 0 for p in prof)
 
 
+@pytest.mark.parametrize("name", workloads.names())
+def test_every_kernel_maps_to_its_ops(name, build_cached):
+    """The profile's 'group kind' and 'ops inside' are found for every kernel of none and tvmfuse."""
+    w = workloads.get(name, "small")
+    fg = viz.fusion_graph(w.mod)
+    entry = report.Entry(name, w.mod, None, w.inputs())
+    for fusion in ("none", "tvmfuse"):
+        for p in kernel_profile(build_cached(name, fusion), w.inputs(), runs=1):
+            kind, ops = report._kernel_groups(entry, fg, fusion, p)
+            assert kind != "-" and ops != "-", (fusion, p)
+            if fusion == "tvmfuse":
+                assert all(k.split(":")[0] in {g.id for g in fg.groups} for k in kind.split("; "))
+
+
 def test_tuning_curves_section(monkeypatch):
     fake = types.ModuleType("tvmfuse.tuning")
     fake.curves = lambda logs, target: {"fused_add_relu": [(0, 3.0), (8, 2.0), (16, 1.5)],

@@ -195,7 +195,7 @@ def _kernel_groups(entry, fg, variant, row):
     G = fg.graph
     if variant == "tvm":
         return "TVM FuseOps" if row["name"].startswith("fused_") else "single op", "(ops in the name)"
-    nodes = [o for o in row["outputs"] if o in G and G.nodes[o]["kind"] == "op"]
+    nodes = list(dict.fromkeys(fg.var_node[o] for o in row["outputs"] if o in fg.var_node))
     if not nodes:
         return "-", "-"
     gids = list(dict.fromkeys(G.nodes[n]["group"] for n in nodes if G.nodes[n]["group"]))

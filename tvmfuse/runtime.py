@@ -139,7 +139,7 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
         s = sites.setdefault(gv.name_hint, {"bytes": 0, "outputs": []})
         s["bytes"] += sum(tensor_bytes(a.ty) for a in targs if isinstance(a.ty, relax.TensorType))
         s["bytes"] += tensor_bytes(out_ty)
-        s["outputs"] += tuple_items.get(var.name, [var.name]) if isinstance(out_ty, relax.TupleType) else [var.name]
+        s["outputs"] += [var.name] + tuple_items.get(var.name, [])
     vm = compiled.vm()
     t0 = time.perf_counter()
     vm["main"](*args)  # warm-up

@@ -54,6 +54,7 @@ class FusionGraph:
     graph: nx.DiGraph
     groups: list = field(default_factory=list)  # [Group]
     refused: list = field(default_factory=list)  # [dict(block, kind, a, b, rule, reason)]
+    var_node: dict = field(default_factory=dict)  # Relax var name (aliases included) -> op node
 
     def ops(self):
         return [n for n, d in self.graph.nodes(data=True) if d["kind"] == "op"]
@@ -127,6 +128,9 @@ def fusion_graph(mod, func_name: str = "main", **knobs) -> FusionGraph:
         G.add_node(nid, kind="output", name=f"output {k}", op="output", cls=None, group=None,
                    shape=tensor_label(src[1].ty))
         G.add_edge(src[0], nid, label=tensor_label(src[1].ty))
+    for v, srcs in sources.items():
+        if len(srcs) == 1 and G.nodes[srcs[0][0]]["kind"] == "op":
+            fg.var_node.setdefault(v.name, srcs[0][0])
     return fg
 
 
