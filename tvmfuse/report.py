@@ -193,7 +193,7 @@ def comparison_html(cmp) -> str:
 def _kernel_groups(entry, fg, variant, row):
     """(group kind, ops inside) of one profiled kernel, from the vars it writes."""
     G = fg.graph
-    if variant == "tvm":
+    if variant == "tvm":  # FuseOps renames main's vars: only the kernel name tells its ops
         return "TVM FuseOps" if row["name"].startswith("fused_") else "single op", "(ops in the name)"
     nodes = list(dict.fromkeys(fg.var_node[o] for o in row["outputs"] if o in fg.var_node))
     if not nodes:
