@@ -304,3 +304,99 @@ def test_tuning_record_for_another_target_is_ignored_with_a_warning(tmp_path, ca
     with caplog.at_level(logging.WARNING, logger="tvmfuse.tuning"):
         assert _tuned_funcs(mod, tmp_path) == []
     assert "cuda" in caplog.text
+
+
+# ------------------------------------------------------------------------------ safe defaults
+def _sources():
+    import ast
+
+    for top in ("tvmfuse", "schedules", "scripts"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                if f.endswith(".py"):
+                    path = os.path.join(dirpath, f)
+                    with open(path) as fh:
+                        yield os.path.relpath(path, ROOT), ast.parse(fh.read(), path)
+
+
+def _imports(tree):
+    import ast
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            yield node.module
+            yield from (f"{node.module}.{a.name}" for a in node.names)
+
+
+PICKLERS = {"pickle", "cPickle", "cloudpickle", "dill", "joblib", "shelve", "marshal"}
+FETCHERS = {"urllib.request", "urllib3", "requests", "httpx", "http.client", "aiohttp", "ftplib",
+            "huggingface_hub", "torch.hub", "wget"}
+
+
+def test_no_pickle_no_network_fetchers_no_wildcard_binds():
+    import ast
+
+    found = []
+    for path, tree in _sources():
+        for name in _imports(tree):
+            if name.split(".")[0] in PICKLERS or any(name == f or name.startswith(f + ".") for f in FETCHERS):
+                found.append(f"{path}: imports {name}")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and "0.0.0.0" in node.value:
+                found.append(f"{path}:{node.lineno}: binds {node.value!r}")
+            if isinstance(node, ast.Attribute) and node.attr in ("from_pretrained", "hf_hub_download"):
+                found.append(f"{path}:{node.lineno}: calls .{node.attr} (may download)")
+    assert not found, "\n".join(found)
+
+
+def test_rpc_helpers_bind_to_loopback_by_default():
+    import inspect
+
+    rpc = pytest.importorskip("tvmfuse.tuning.rpc")
+    for fn in (rpc.start_tracker, rpc.start_server, rpc.free_port):
+        assert inspect.signature(fn).parameters["host"].default == "127.0.0.1", fn.__name__
+
+
+def test_tuning_logs_are_json_lines(tmp_path):
+    pytest.importorskip("tvmfuse.tuning")
+    import json
+
+    from tvmfuse.target import resolve
+
+    _, folder = _tuned_folder(tmp_path, resolve("llvm"))
+    files = [p for p in folder.iterdir() if p.is_file() and p.name != ".lock"]
+    assert {p.name for p in files} >= {"database_workload.json", "database_tuning_record.json", "tasks.json"}
+    for p in files:
+        for line in p.read_text().splitlines():
+            json.loads(line)  # every line is JSON: nothing binary, nothing pickled
+
+
+GUARD = r"""
+import socket, sys
+LOCAL = ("127.0.0.1", "localhost", "::1", "0.0.0.0", None, "")
+def _deny(host):
+    if host not in LOCAL and not str(host).startswith("/"):
+        sys.stderr.write(f"NETWORK ACCESS to {host!r}\n")
+        raise OSError(f"network access to {host!r} denied by the test")
+_orig_connect, _orig_gai = socket.socket.connect, socket.getaddrinfo
+socket.socket.connect = lambda self, addr: (_deny(addr[0] if isinstance(addr, tuple) else addr), _orig_connect(self, addr))[1]
+socket.getaddrinfo = lambda host, *a, **k: (_deny(host), _orig_gai(host, *a, **k))[1]
+import numpy as np, tvmfuse
+from tvmfuse import models
+from tvmfuse.frontends import load_model
+for name in models.names():
+    m = load_model(name)
+w = tvmfuse.workloads.get("softmax_chain")
+tvmfuse.build(w.mod, "llvm", "tvmfuse")(*w.inputs())
+print("OK", models.names())
+"""
+
+
+def test_nothing_is_fetched_from_the_network_at_run_time():
+    """Load every real model and build + run a workload with every non-loopback connection refused."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "0", "TRANSFORMERS_OFFLINE": "0"}
+    r = subprocess.run([sys.executable, "-c", GUARD], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert "NETWORK ACCESS" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-2000:]
