@@ -7,6 +7,8 @@ import tvm
 
 from . import cpu, cuda
 from .rule import apply_rules
+from .targets import CPU
+from .vector_math import vectorizable_exp
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -14,11 +16,14 @@ log = logging.getLogger("tvmfuse.schedule")
 def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Schedule every unscheduled PrimFunc of `mod` for `target`. Returns a new module."""
     mod = mod.clone()
-    rules = cuda.rules() if target.kind.name == "cuda" else cpu.RULES
+    gpu = target.kind.name == "cuda"
+    rules = cuda.rules() if gpu else cpu.RULES
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
     for gv, func in mod.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs and func.attrs.get("tirx.is_scheduled"):
             continue
+        if not gpu and CPU["vector_exp"]:
+            func = vectorizable_exp(func)
         sched, rule = apply_rules(func, target, rules)
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
