@@ -3,7 +3,7 @@ numpy reference each. Graphs are written op by op with BlockBuilder, so fusion h
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -25,6 +25,7 @@ class Workload:
     rtol: float = 1e-4
     atol: float = 1e-5
     seed: int = 0
+    meta: dict = field(default_factory=dict)  # shape facts a baseline needs (attention: heads)
 
     def inputs(self) -> list[np.ndarray]:
         """Deterministic inputs: the same arrays on every call and every machine."""
@@ -276,7 +277,7 @@ def attention(size):
         p = _np_softmax(th(q) @ th(k).transpose(0, 1, 3, 2) / math.sqrt(dh))
         return (p @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
 
-    return _wl("attention", size, specs, body, ref, rtol=1e-3, atol=1e-4)
+    return _wl("attention", size, specs, body, ref, rtol=1e-3, atol=1e-4, meta={"heads": h})
 
 
 @register

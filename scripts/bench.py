@@ -1,0 +1,79 @@
+#!/usr/bin/env python
+"""Benchmark the zoo side by side: no fusion, TVM's stock fusion, tvmfuse, ONNX Runtime and numpy,
+untuned default schedules, all measured in one run with the systems interleaved round by round.
+
+Prints one markdown table (median ms per call, launches, ratios, numerics checked against numpy)
+and the geometric means. With --quick: small shapes, fewer rounds (a smoke run for CI).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def parse(argv=None):
+    from tvmfuse import bench, workloads
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workloads", default="all", help=f"comma-separated, or all: {', '.join(workloads.names())}")
+    ap.add_argument("--size", default="bench", choices=workloads.SIZES)
+    ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
+    ap.add_argument("--quick", action="store_true", help="small shapes, 3 rounds of 0.02 s (smoke run)")
+    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
+    return ap.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse(argv)
+    from tqdm import tqdm
+
+    from tvmfuse import bench, workloads
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.target import resolve
+
+    if args.quick:
+        args.size, args.rounds, args.budget = "small", 3, 0.02
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    bad = [s for s in systems if s not in bench.SYSTEMS]
+    names = workloads.names() if args.workloads == "all" else [n.strip() for n in args.workloads.split(",")]
+    try:
+        if bad:
+            raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS)}")
+        for n in names:
+            workloads.get(n, args.size)
+    except TvmfuseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    rows = []
+    for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
+        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget))
+    table = bench.summary(rows, systems)
+    target = resolve("llvm")
+    header = (f"target {target}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
+              f"{time.time() - t0:.0f}s in all")
+    print(header + "\n\n" + table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": str(target), "size": args.size, "rounds": args.rounds,
+                       "rows": [r.as_dict() for r in rows]}, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    wrong = [r.workload for r in rows if not all(r.ok.values())]
+    if wrong:
+        print(f"error: outputs differ from the reference on {wrong}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

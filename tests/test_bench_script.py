@@ -1,0 +1,36 @@
+"""Smoke test of scripts/bench.py on small shapes: the table, JSON rows, numerics and errors."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "bench.py")
+
+pytest.importorskip("onnxruntime")
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=600)
+
+
+def test_quick_bench_prints_the_table_and_writes_json(tmp_path):
+    out = tmp_path / "bench.json"
+    p = _run("--quick", "--workloads", "softmax_decomposed,conv_relu_bn_add", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    assert "| softmax_decomposed |" in p.stdout and "geometric mean speedup, tvmfuse vs tvm" in p.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["workload"] for r in rows] == ["softmax_decomposed", "conv_relu_bn_add"]
+    for r in rows:
+        assert set(r["ms"]) == {"none", "tvm", "tvmfuse", "onnxruntime", "numpy"}
+        assert all(r["ok"].values()) and all(v > 0 for v in r["ms"].values())
+        assert r["launches"]["tvmfuse"] <= r["launches"]["tvm"]
+
+
+def test_bench_rejects_unknown_system_and_workload():
+    p = _run("--quick", "--systems", "tvm,xla")
+    assert p.returncode == 2 and "unknown system(s) ['xla']" in p.stderr
+    p = _run("--quick", "--workloads", "resnet9000")
+    assert p.returncode == 2 and "unknown workload 'resnet9000'" in p.stderr
