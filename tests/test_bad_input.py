@@ -137,20 +137,32 @@ def _add_one(x, out):
     out.copyfrom(x.numpy() + 1)
 
 
+OPAQUE = {  # op -> (relax builder, numpy reference, what the fusion log says)
+    "call_dps_packed": (lambda y: relax.call_dps_packed("tvmfuse_test.add_one", [y],
+                                                        out_ty=relax.TensorType((4, 4), "float32")),
+                        lambda a: a + 1, "external kernel"),
+    "sort": (lambda y: R.sort(y, axis=-1), lambda a: np.sort(a, -1), "external kernel"),  # dispatched to a TIR kernel
+    "cumsum": (lambda y: R.cumsum(y, axis=-1), lambda a: np.cumsum(a, -1), "external kernel"),
+}
+
+
 @pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
-def test_opaque_external_op_is_left_unfused_logged_and_runs(fusion, caplog):
+@pytest.mark.parametrize("op", sorted(OPAQUE))
+def test_opaque_op_is_left_unfused_logged_and_runs(op, fusion, caplog):
+    make, ref, says = OPAQUE[op]
+
     def body(bb, x):
-        y = bb.emit(R.exp(x))
-        z = bb.emit(relax.call_dps_packed("tvmfuse_test.add_one", [y], out_ty=relax.TensorType((4, 4), "float32")))
+        z = bb.emit(make(bb.emit(R.exp(x))))
         return R.multiply(bb.emit(R.negative(z)), x)
 
     mod = _mod([("x", (4, 4))], body)
     with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
         c = tvmfuse.build(mod, "llvm", fusion)
     xn = np.random.default_rng(0).standard_normal((4, 4)).astype("float32")
-    np.testing.assert_allclose(c(xn), -(np.exp(xn) + 1) * xn, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(c(xn), -ref(np.exp(xn)) * xn, rtol=1e-5, atol=1e-6)
     if fusion == "tvmfuse":
-        assert "opaque" in caplog.text and "call_dps_packed" in caplog.text
+        assert "opaque" in caplog.text and says in caplog.text
+        assert c.launches == 2 + (op != "call_dps_packed")  # exp | opaque op | negative+multiply
 
 
 # ------------------------------------------------------------------------------ run-time inputs

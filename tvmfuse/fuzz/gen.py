@@ -17,10 +17,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DIMS = (1, 3, 2, 7, 5, 8, 13, 16, 17)  # 1 first (the shrink target), odd sizes, one vector and one past it
+DIMS = (1, 3, 2, 7, 5, 8, 13, 16, 17, 32)  # 1 first (the shrink target), odd sizes, one vector and one
+# past it, and 32: the CPU matmul/conv micro-kernels only fire on multiples of their tile
 DTYPES = ("float32", "float16")
 LIMIT = {"float32": 1e4, "float16": 2e2}  # largest |value| a graph may produce, per dtype
-MAX_ELEMS = 512  # per tensor: keeps 3 builds + runs per graph well under a second
+MAX_ELEMS = 1024  # per tensor: keeps 3 builds + runs per graph well under a second
 
 UNARY = ("exp", "tanh", "sigmoid", "relu", "negative", "abs", "sqrt_abs")
 BINARY = ("add", "multiply", "subtract", "maximum", "minimum", "divide")

@@ -219,7 +219,7 @@ def matmul(g: Graph, op):
         b = g.pick(fits)
     else:
         batch = a.shape[:-2] if g.flag() else ()
-        b = g.new_input(batch + (k, g.pick((1, 3, 5, 8))), a.dtype)
+        b = g.new_input(batch + (k, g.pick((1, 3, 5, 8, 32))), a.dtype)
     shape = broadcast_shape(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
     return g.emit("matmul", [a, b], shape, k * a.bound * b.bound)
 
@@ -237,7 +237,7 @@ def conv2d(g: Graph, op):
     pad, kern, stride = g.src.int(0, 1), g.pick((1, 3)), g.src.int(1, 2)
     if kern > h + 2 * pad or kern > w + 2 * pad:
         raise _Reject("kernel larger than the padded input")
-    wt = g.new_input((g.pick((1, 2, 4)), c, kern, kern), a.dtype)
+    wt = g.new_input((g.pick((1, 2, 4, 8, 16)), c, kern, kern), a.dtype)
     shape = (n, wt.shape[0], (h + 2 * pad - kern) // stride + 1, (w + 2 * pad - kern) // stride + 1)
     return g.emit("conv2d", [a, wt], shape, c * kern * kern * a.bound * 2.0, strides=[stride, stride],
                   padding=[pad, pad])
