@@ -70,13 +70,21 @@ def analyze(sch) -> RowChain | None:
     rows = 0
     while all(len(s) > rows for s in shapes) and len({s[rows] for s in shapes}) == 1:
         rows += 1
-    # every reduction reads each input only inside its own row
+    # every reduction reads its row of each tensor; the one exception is a tensor no stage writes
+    # (a function input) read the same by every row, when the reduction yields one value per row
+    # (the weight vector of a GEMV). A matmul's weight matrix is read by every row too, but it has
+    # output columns inside the row: that is a matmul, not a row chain.
+    produced = {w.source for b in blocks for w in sch.get(b).writes}
     for b in reductions:
         block = sch.get(b)
         row_vars = {iv.var.name for iv in list(block.iter_vars)[:rows]}
+        columns = [iv for iv in list(block.iter_vars)[rows:] if int(iv.iter_type) == 0 and _int(iv.dom.extent) != 1]
         for r in block.reads:
             used = set().union(*(_vars_in(rg.min) for rg in r.region)) if len(r.region) else set()
-            if not row_vars <= used:
+            if row_vars <= used:
+                continue
+            shared_input = not any(r.source.same_as(p) for p in produced)
+            if not (shared_input and not columns and not used & row_vars):
                 return None
     return RowChain(rows, blocks, reductions, blocks[-1])
 

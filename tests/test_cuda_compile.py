@@ -67,3 +67,10 @@ def test_row_chain_cuda_source_compiles_to_ptx(name):
     with c.target:
         ptx = nvcc.compile_cuda(c.source(), target_format="ptx", arch="sm_90", compiler="nvcc")
     assert b".target sm_90" in bytes(ptx)
+
+
+@pytest.mark.parametrize("name", workloads.names())
+def test_every_tvmfuse_group_is_one_cuda_kernel(name):
+    """No default CUDA rule splits a tvmfuse group: one __global__ kernel per call site."""
+    c = built(name, "tvmfuse", target="cuda", size="bench")
+    assert c.launches == len(c.call_sites()), c.kernels_per_func()
