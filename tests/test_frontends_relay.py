@@ -65,7 +65,14 @@ def ref_elementwise_let(x, y, c0):
     return u, q.sum(1) + q.mean(-1) - b.max(1), b.min(0, keepdims=True), q.astype("float16")
 
 
-REFS = {"mlp.txt": ref_mlp, "conv_bn_relu.txt": ref_conv_bn_relu, "attention.txt": ref_attention,
+def ref_dense_meta(x):  # the constants tests/relay/dense_meta.txt carries in its #[metadata] section
+    w = (np.arange(8 * 16).reshape(8, 16) % 7 - 3) / 8
+    b = (np.arange(8) - 4) / 4
+    g = np.linspace(0.5, 1.5, 8, dtype="float32")
+    return (np.maximum(x @ w.T + b, 0) * g).astype("float16").astype("float32")
+
+
+REFS = {"dense_meta.txt": ref_dense_meta, "mlp.txt": ref_mlp, "conv_bn_relu.txt": ref_conv_bn_relu, "attention.txt": ref_attention,
         "elementwise_let.txt": ref_elementwise_let}
 C0 = np.linspace(-1, 1, 16).astype("float32")
 _BUILT = {}
@@ -154,6 +161,31 @@ def @main(%x: Tensor[(2, 3), float32]) {
 }"""
     x = np.arange(6, dtype="float32").reshape(2, 3) / 3
     np.testing.assert_allclose(_run(text, x), x / (1 + np.exp(-1.702 * x)) + 1, rtol=1e-5, atol=1e-6)
+
+
+def test_metadata_section_as_tvm_printed_it():
+    # meta[relay.Constant][0] of a Relay text printed by TVM 0.8.0 (show_meta_data=True): [[1, 2, 3], [4, 5, 6]]
+    from tvmfuse.frontends.relay_metadata import decode_ndarray, relay_constants
+
+    blob = ("P6G0lvBAXt0AAAAAAAAAAAEAAAAAAAAAAgAAAAIgAQACAAAAAAAAAAMAAAAAAAAAGAAAAAAAAAAAAIA/AAAAQAAAQEAAAIBA"
+            "AACgQAAAwEA=")
+    np.testing.assert_array_equal(decode_ndarray(blob), np.arange(1, 7, dtype="float32").reshape(2, 3))
+    text = """#[version = "0.0.5"]
+def @main(%x: Tensor[(2, 3), float32]) {
+  add(%x, meta[relay.Constant][0] /* ty=Tensor[(2, 3), float32] */)
+}
+
+#[metadata]
+{"root": 1, "nodes": [{"type_key": ""}, {"type_key": "Map", "keys": ["relay.Constant"], "data": [2]},
+ {"type_key": "Array", "data": [3]},
+ {"type_key": "relay.Constant", "attrs": {"_checked_type_": "0", "data": "0", "span": "0"}}],
+ "b64ndarrays": ["BLOB"], "attrs": {"tvm_version": "0.8.0"}}
+""".replace("BLOB", blob)
+    mod = tvmfuse.from_relay_text(text)
+    out = tvmfuse.build(mod, "llvm", "tvmfuse")(np.ones((2, 3), "float32"))
+    np.testing.assert_array_equal(out, np.arange(2, 8, dtype="float32").reshape(2, 3))
+    with pytest.raises(FrontendError, match=r"#\[metadata\] section could not be decoded"):
+        relay_constants('{"root": 1, "nodes": []}')
 
 
 def test_meta_constants_random_fill_and_errors():

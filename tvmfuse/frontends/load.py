@@ -6,8 +6,8 @@ SPEC is, in this order:
   a real model name          tvmfuse.models: bert-tiny, gpt2-tiny, resnet-tiny, bert-tiny-onnx
   FILE.onnx                  from_onnx; inputs random (ints in [0, 8)); reference: onnxruntime
   FILE.txt / FILE.relay      from_relay_text; meta[relay.Constant] values from FILE.npz beside it
-                             (np.savez order) or else deterministic random; reference: None (the
-                             unfused build is the reference)
+                             (np.savez order), else from the text's #[metadata] section, else
+                             deterministic random; reference: None (the unfused build is the reference)
   FILE.py                    run as a script; it defines either
                                model (torch.nn.Module) and example_inputs (tuple of tensors)
                                [and dynamic_shapes]: imported with from_torch, reference: eager;
@@ -105,7 +105,7 @@ def _load_relay(path, name):
             constants = [z[f"arr_{i}"] for i in range(len(z.files))]
         mod, note = from_relay_text(path, constants=constants), f"constants from {os.path.basename(side)}"
     else:
-        mod, note = from_relay_text(path, random_constants=True), "meta constants (if any) random-filled"
+        mod, note = from_relay_text(path, random_constants=True), "meta constants from #[metadata], else random"
     arrays = random_inputs(input_specs(mod))
     for (pname, _, _), a in zip(input_specs(mod), arrays):
         if pname.startswith("var") or pname.endswith("var"):  # batch-norm variances must be positive

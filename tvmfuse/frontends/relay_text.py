@@ -11,10 +11,10 @@ Contract:
   an op not in that table is a FrontendError naming it (with line:col). Calls of other `def @f`
   in the text are inlined. Closures (`fn`) and `if` are refused with line:col;
 - `meta[relay.Constant][i]`: values come from `constants` (a list indexed like the meta table, or a
-  dict {i: array}); with `random_constants=True` missing ones are filled with deterministic random
-  values of the type printed beside them (`/* ty=Tensor[(64), float32] */`). Decoding the JSON
-  `#[metadata]` section TVM appends is NOT supported: it is cut off, and the constants must come from
-  one of the two options above, else a FrontendError says so;
+  dict {i: array}) if given, else from the `#[metadata]` section TVM appended to the text
+  (relay_metadata.py decodes its base64 NDArrays); with `random_constants=True` constants found in
+  neither are filled with deterministic random values of the type printed beside them
+  (`/* ty=Tensor[(64), float32] */`); otherwise a missing constant is a FrontendError;
 - the result is `common.normalize`d (batch_norm decomposed for inference, ...).
 """
 from __future__ import annotations
@@ -252,8 +252,8 @@ class _Converter:
             value = self.constants[idx]
         if value is None:
             if not self.random_constants:
-                raise self.error(t, f"meta[relay.Constant][{idx}] has no value: the #[metadata] section is not "
-                                    "decoded; pass constants=[...] (indexed like meta[relay.Constant]) or "
+                raise self.error(t, f"meta[relay.Constant][{idx}] has no value (no #[metadata] section holds it); "
+                                    "pass constants=[...] (indexed like meta[relay.Constant]) or "
                                     "random_constants=True")
             if ty is None or not isinstance(ty, relax.TensorType):
                 raise self.error(t, f"meta[relay.Constant][{idx}] has no `/* ty=Tensor[...] */` annotation to "
@@ -344,4 +344,8 @@ def from_relay_text(text_or_path, *, constants=None, random_constants: bool = Fa
     else:
         raise FrontendError(f"from_relay_text expects Relay text or a path, got {type(text_or_path).__name__}")
     tree = parse(text, source)
+    if constants is None and "#[metadata]" in text:
+        from .relay_metadata import relay_constants
+
+        constants = relay_constants(text.split("#[metadata]", 1)[1])
     return _Converter(tree, source, constants, random_constants).module(normalize)
