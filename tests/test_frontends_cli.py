@@ -60,3 +60,17 @@ def test_tune_bad_model_files(tmp_path):
     for spec, msg in cases:
         p = run("--model", spec, "--size", "small")
         assert p.returncode == 2 and msg in p.stderr, (spec, p.stderr[-1500:])
+
+
+def test_models_script_measures_a_real_model(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "m.json"
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "models.py"), "--models", "resnet-tiny",
+                        "--size", "small", "--repeat", "3", "--json", str(out)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (row,) = json.loads(out.read_text())
+    v = row["variants"]
+    assert all(v[k]["ok"] for k in ("none", "tvm", "tvmfuse"))
+    assert v["tvmfuse"]["launches"] <= v["tvm"]["launches"] < v["none"]["launches"]
+    assert row["eager_ms"] > 0 and "| resnet-tiny [small] |" in p.stdout
