@@ -29,6 +29,7 @@ class Summary:
     ops: dict = field(default_factory=lambda: {op: 0 for op in ALL_OPS})
     dtypes: dict = field(default_factory=dict)
     multi_output: int = 0  # graphs whose main returns a tuple
+    with_knobs: int = 0  # graphs fused by tvmfuse under non-default knobs
     launches: dict = field(default_factory=lambda: {"none": 0, "tvm": 0, "tvmfuse": 0})  # summed
     baseline_failures: list = field(default_factory=list)  # the unfused build fails: not fusion
     failures: list = field(default_factory=list)  # {seed, kind, variant, detail, spec_id, spec}
@@ -39,6 +40,7 @@ class Summary:
     def text(self) -> str:
         lines = [f"engine {self.engine}, seed {self.seed}, max_ops {self.max_ops}: {self.seconds:.0f} s",
                  f"graphs tried: {self.graphs} ({self.distinct} distinct), multi-output: {self.multi_output}, "
+                 f"non-default knobs: {self.with_knobs}, "
                  f"graphs with inputs of dtype: {self.dtypes}",
                  f"kernel launches summed over the graphs: {self.launches}",
                  "ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(self.ops.items()))]
@@ -72,6 +74,7 @@ class _Tally:
         for dt in {i["dtype"] for i in spec["inputs"]}:
             s.dtypes[dt] = s.dtypes.get(dt, 0) + 1
         s.multi_output += len(spec["outputs"]) > 1
+        s.with_knobs += bool(spec.get("knobs"))
         for v, n in out.launches.items():
             s.launches[v] += n
         if out.kind == "baseline" and len(s.baseline_failures) < 50:

@@ -120,7 +120,7 @@ class Graph:
 
 def generate(src, max_ops: int = 8, dtypes=DTYPES) -> dict:
     """One random graph spec: 1-2 inputs, 1..max_ops ops (composites count once), leaves as outputs,
-    sometimes an intermediate as an extra output."""
+    sometimes an intermediate as an extra output, sometimes tvmfuse knobs ("knobs")."""
     from . import ops as gen_ops
 
     g = Graph(src, dtypes[src.int(0, len(dtypes) - 1)])
@@ -138,7 +138,11 @@ def generate(src, max_ops: int = 8, dtypes=DTYPES) -> dict:
         else:
             gen_ops.GENERATORS["tanh"](g)
     extra = [g.pick([o["name"] for o in g.ops]) for _ in range(src.int(0, 1))]
-    return g.spec(extra)
+    spec = g.spec(extra)
+    if src.int(0, 3) == 3:  # a quarter of the graphs fuse under non-default knobs
+        spec["knobs"] = {"allow_recompute": g.flag(), "multi_output": g.flag(), "stitch_reductions": g.flag(),
+                         "sibling": g.flag(), "max_group_size": g.pick((2, 3, 64))}
+    return spec
 
 
 def broadcast_shape(a, b):

@@ -4,7 +4,8 @@ A spec is JSON-able, so a failing graph can be saved as a regression test and re
 
     {"inputs":  [{"name": "x0", "shape": [3, 7], "dtype": "float32", "kind": "normal"}, ...],
      "ops":     [{"name": "v0", "op": "add", "args": ["x0", "x1"], "attrs": {}}, ...],
-     "outputs": ["v3", "v1"]}
+     "outputs": ["v3", "v1"],
+     "knobs":   {"allow_recompute": true, ...}}          # optional: tvmfuse fusion knobs
 
 An argument is a value name, or a number (a scalar constant of the other operand's dtype). Inputs of
 kind "normal" are uniform in [-2, 2], "positive" ones in [0.5, 2] (divisors). Several outputs give
