@@ -240,6 +240,15 @@ def test_undefined_variable_closure_and_dynamic_shape_errors():
         tvmfuse.from_relay_text(HEAD + "def @main(%x: Tensor[(?, 4), float32]) {\n  %x\n}")
 
 
+def test_conversion_is_checked_against_the_printed_types():
+    text = """def @main(%x: Tensor[(4, 16), float32], %w: Tensor[(8, 16), float32]) {
+  nn.dense(%x, %w, units=8) /* ty=Tensor[(4, 9), float32] */
+}"""
+    with pytest.raises(FrontendError, match=r"<relay>:3:3: converted to \[4, 8\]:float32, but the text's type "
+                                            r"annotation says \[4, 9\]:float32"):
+        tvmfuse.from_relay_text(HEAD + text)
+
+
 def test_missing_file():
     with pytest.raises(FrontendError, match=r"no such file 'tests/relay/nope\.txt'"):
         tvmfuse.from_relay_text("tests/relay/nope.txt")

@@ -147,6 +147,17 @@ class _Converter:
         except Exception as err:
             raise FrontendError(f"{self.source}:{tok.line}:{tok.column}: unreadable type annotation {text!r} ({err})")
 
+    def check_type(self, where, got, want):
+        """The converted value must have the type Relay printed beside it (`/* ty=... */`)."""
+        def desc(ty):
+            if isinstance(ty, relax.TupleType):
+                return "(" + ", ".join(desc(f) for f in ty.fields) + ")"
+            shape = [int(v) for v in ty.shape.values] if getattr(ty, "shape", None) is not None else "?"
+            return f"{shape}:{ty.dtype}"
+
+        if desc(got) != desc(want):
+            raise self.error(where, f"converted to {desc(got)}, but the text's type annotation says {desc(want)}")
+
     # ------------------------------------------------------------------ conversion
     def module(self, normalize: bool):
         main = self.defs["main"]
@@ -199,7 +210,9 @@ class _Converter:
             inner, ann = t.children
             if getattr(inner, "data", None) == "meta_ref":
                 return self.meta_const(inner, self.annotation_type(ann))
-            return self.expr(inner, env)
+            value = self.leaf(self.expr(inner, env))
+            self.check_type(inner, value.ty, self.annotation_type(ann))
+            return value
         if kind == "proj":
             tup = self.leaf(self.expr(t.children[0], env))
             return self.project(t, tup, int(t.children[1]))
