@@ -1,9 +1,12 @@
 #!/usr/bin/env python
-"""Benchmark the zoo side by side: no fusion, TVM's stock fusion, tvmfuse, ONNX Runtime and numpy,
-untuned default schedules, all measured in one run with the systems interleaved round by round.
+"""Benchmark the zoo side by side: no fusion, TVM's stock fusion, tvmfuse (untuned, and tuned with
+--logs), ONNX Runtime, PyTorch eager, torch.compile and numpy, all measured in one run with the
+systems interleaved round by round and the same thread count for all.
 
-Prints one markdown table (median ms per call, launches, ratios, numerics checked against numpy)
-and the geometric means. With --quick: small shapes, fewer rounds (a smoke run for CI).
+Prints the table (median ms per call, launches, ratios, numerics checked against numpy), the
+geometric means, and the roofline: memory bandwidth and matmul throughput measured in the same run,
+each memory-bound workload's latency as a multiple of its bandwidth bound, GFLOP/s of the
+compute-heavy ones. --quick: small shapes, few rounds, no roofline (a smoke run, about a minute).
 """
 from __future__ import annotations
 
@@ -25,7 +28,9 @@ def parse(argv=None):
     ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
-    ap.add_argument("--quick", action="store_true", help="small shapes, 3 rounds of 0.02 s (smoke run)")
+    ap.add_argument("--logs", metavar="DIR", help="tuning logs: adds the tvm+tuned and tvmfuse+tuned systems")
+    ap.add_argument("--no-roofline", action="store_true", help="skip the bandwidth/peak measurements")
+    ap.add_argument("--quick", action="store_true", help="small shapes, 3 rounds of 0.02 s, no roofline")
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
     return ap.parse_args(argv)
@@ -40,13 +45,17 @@ def main(argv=None):
     from tvmfuse.target import resolve
 
     if args.quick:
-        args.size, args.rounds, args.budget = "small", 3, 0.02
+        args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
-    bad = [s for s in systems if s not in bench.SYSTEMS]
+    if args.logs:
+        systems += [s for s in bench.TUNED if s not in systems]
+    bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
     names = workloads.names() if args.workloads == "all" else [n.strip() for n in args.workloads.split(",")]
     try:
         if bad:
-            raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS)}")
+            raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS + bench.TUNED)}")
+        if args.logs and not os.path.isdir(args.logs):
+            raise TvmfuseError(f"--logs {args.logs!r} is not a folder; tune first (scripts/tune.py --trials N --logs DIR)")
         for n in names:
             workloads.get(n, args.size)
     except TvmfuseError as err:
@@ -55,8 +64,13 @@ def main(argv=None):
     t0 = time.time()
     rows = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
-        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget))
+        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, logs=args.logs))
     table = bench.summary(rows, systems)
+    if not args.no_roofline:
+        from tvmfuse import roofline
+
+        table += "\n\n" + bench.roofline_table(rows, args.size, systems, roofline.bandwidth_gbs(),
+                                               roofline.matmul_peak_gflops(), roofline.last_level_cache_bytes())
     target = resolve("llvm")
     header = (f"target {target}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
               f"{time.time() - t0:.0f}s in all")

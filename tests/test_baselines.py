@@ -21,3 +21,11 @@ def test_onnx_baseline_matches_the_reference(name):
 def test_workload_without_onnx_form_is_refused_clearly():
     with pytest.raises(ValueError, match="no ONNX form"):
         baselines.OrtRunner(workloads.get("linear_regression_step"), threads=1)
+
+
+@pytest.mark.parametrize("name", workloads.names())
+def test_torch_baseline_matches_the_reference(name):
+    pytest.importorskip("torch")
+    w = workloads.get(name)
+    x = w.inputs()
+    assert_matches(baselines.TorchRunner(w, threads=1)(*x), w.reference(*x), 1e-3, 1e-4)

@@ -127,3 +127,90 @@ class OrtRunner:
     def __call__(self, *arrays):
         out = self.session.run(None, dict(zip(self.names, arrays)))
         return out[0] if len(out) == 1 else tuple(out)
+
+
+# ---------------------------------------------------------------- PyTorch eager / torch.compile
+def _torch_fns():
+    import torch
+    import torch.nn.functional as F
+
+    def attention(w):
+        (_, (b, s, dm), _) = w.input_specs[0]
+        h = w.meta["heads"]
+        dh = dm // h
+
+        def f(q, k, v):
+            th = lambda t: t.reshape(b, s, h, dh).permute(0, 2, 1, 3)
+            p = torch.softmax(th(q) @ th(k).transpose(-1, -2) * (1.0 / dh ** 0.5), dim=-1)
+            return (p @ th(v)).permute(0, 2, 1, 3).reshape(b, s, dm)
+
+        return f
+
+    def linear_regression_step(w):
+        n = w.input_specs[0][1][0]
+
+        def f(x, y, wt, bias):
+            diff = x @ wt + bias - y
+            g = diff * (2.0 / n)
+            return (diff * diff).mean(), wt - 0.01 * (x.T @ g), bias - 0.01 * g.sum(0)
+
+        return f
+
+    def rms(x, r, wt):
+        s = x + r
+        return s, s * torch.rsqrt((s * s).mean(-1, keepdim=True) + 1e-6) * wt
+
+    def ln(x, g, b):
+        mu = x.mean(-1, keepdim=True)
+        d = x - mu
+        return d * torch.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5) * g + b
+
+    def sm(x):
+        e = torch.exp(x - x.amax(-1, keepdim=True))
+        return e / e.sum(-1, keepdim=True)
+
+    return {
+        "bias_relu_dropout": lambda w: (lambda x, b: torch.relu(x + b)),
+        "conv_relu_bn_add": lambda w: (lambda x, wt, g, be, mu, var: F.batch_norm(
+            torch.relu(F.conv2d(x, wt, padding=1)), mu, var, g, be, False, 0.0, 1e-5) + x),
+        "softmax_chain": lambda w: (lambda x, y: torch.softmax(torch.relu(x + y), -1) * y),
+        "softmax_decomposed": lambda w: sm,
+        "layernorm_decomposed": lambda w: ln,
+        "rmsnorm_residual": lambda w: rms,
+        "multi_reduce": lambda w: (lambda x: (x.abs().amax(), x.mean(), (x * x).mean())),
+        "mlp_block": lambda w: (lambda x, w1, b1, w2, b2: F.gelu(x @ w1 + b1) @ w2 + b2 + x),
+        "attention": attention,
+        "linear_regression_step": linear_regression_step,
+    }
+
+
+class TorchRunner:
+    """The workload in PyTorch, eager or through torch.compile (Inductor); numpy in, numpy out.
+    `compile_s` is the time of the first (compiling) call."""
+
+    def __init__(self, workload, threads: int, compiled: bool = False):
+        import time
+
+        import torch
+
+        torch.set_num_threads(threads)
+        fn = _torch_fns()[workload.name](workload)
+        self.fn = torch.compile(fn) if compiled else fn
+        self.args = [torch.from_numpy(a) for a in workload.inputs()]
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            self.fn(*self.args)
+        self.compile_s = time.perf_counter() - t0 if compiled else 0.0
+
+    def run(self):
+        import torch
+
+        with torch.no_grad():
+            return self.fn(*self.args)
+
+    def __call__(self, *arrays):
+        import torch
+
+        with torch.no_grad():
+            out = self.fn(*[torch.from_numpy(a) for a in arrays])
+        return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()

@@ -6,7 +6,9 @@ workload in interleaved rounds (system order rotated each round, so drift and no
 every system alike) and returns one `Row` per workload with the median per-call latency of each.
 
 Systems: "none" / "tvm" / "tvmfuse" (tvmfuse.build on llvm with the default schedules, untuned),
-"onnxruntime" (tvmfuse.baselines, all graph optimizations, the same thread count as TVM), and
+"tvm+tuned" / "tvmfuse+tuned" (the same with `logs`, tuned records that beat the defaults),
+"onnxruntime" (all graph optimizations), "torch" (eager) and "torch.compile" (Inductor; its
+compile time is kept in the row), all with the same thread count as TVM (tvmfuse.baselines), and
 "numpy" (the workload's reference). A system a workload has no form for is left out of its row.
 """
 from __future__ import annotations
@@ -23,7 +25,9 @@ from .build import build
 from .target import num_cores, resolve
 
 TVM_SYSTEMS = ("none", "tvm", "tvmfuse")
-SYSTEMS = TVM_SYSTEMS + ("onnxruntime", "numpy")
+TUNED = ("tvm+tuned", "tvmfuse+tuned")
+PEERS = ("onnxruntime", "torch", "torch.compile")
+SYSTEMS = TVM_SYSTEMS + PEERS + ("numpy",)
 REDUCTION_HEAVY = ("softmax_chain", "softmax_decomposed", "layernorm_decomposed", "rmsnorm_residual",
                    "multi_reduce")
 
@@ -35,6 +39,7 @@ class Row:
     launches: dict = field(default_factory=dict)  # TVM systems -> static launches
     ok: dict = field(default_factory=dict)  # system -> outputs match the reference
     skipped: dict = field(default_factory=dict)  # system -> why it has no number
+    compile_s: dict = field(default_factory=dict)  # torch.compile: seconds of the first call
 
     def ratio(self, a, b):
         """How many times faster a is than b (b's ms over a's)."""
@@ -50,29 +55,38 @@ def _close(out, ref, w):
     return len(out) == len(ref) and all(np.allclose(o, r, rtol=w.rtol, atol=w.atol) for o, r in zip(out, ref))
 
 
-def _callables(w, systems, target, threads):
-    """system -> (zero-argument call, reference-comparable outputs or None, launches or None)."""
+def _callables(w, systems, target, threads, logs=None):
+    """system -> (zero-argument call, its outputs, launches or None); system -> why skipped;
+    system -> compile seconds."""
+    from . import baselines
+
     x = w.inputs()
-    out, skipped = {}, {}
+    out, skipped, compile_s = {}, {}, {}
     for s in systems:
-        if s in TVM_SYSTEMS:
-            c = build(w.mod, target, s)
+        if s in TVM_SYSTEMS or s in TUNED:
+            if s in TUNED and not logs:
+                skipped[s] = "no tuning logs given"
+                continue
+            c = build(w.mod, target, s.split("+")[0], tuning_logs=logs if s in TUNED else None)
             vm, args = c.vm(), c.convert_inputs(x)
             f = vm["main"]
             out[s] = (lambda f=f, args=args: f(*args), c(*x), c.launches)
         elif s == "onnxruntime":
-            from . import baselines
-
             if baselines.onnx_model(w) is None:
                 skipped[s] = "no ONNX form"
                 continue
             r = baselines.OrtRunner(w, threads)
             out[s] = (lambda r=r: r(*x), r(*x), None)
+        elif s in ("torch", "torch.compile"):
+            r = baselines.TorchRunner(w, threads, compiled=s == "torch.compile")
+            if r.compile_s:
+                compile_s[s] = r.compile_s
+            out[s] = (r.run, r(*x), None)
         elif s == "numpy":
             out[s] = (lambda: w.reference(*x), w.reference(*x), None)
         else:
-            raise ValueError(f"unknown system {s!r}; use some of {', '.join(SYSTEMS)}")
-    return out, skipped
+            raise ValueError(f"unknown system {s!r}; use some of {', '.join(SYSTEMS + TUNED)}")
+    return out, skipped, compile_s
 
 
 def _time(call, budget_s):
@@ -87,12 +101,12 @@ def _time(call, budget_s):
             return dt / n
 
 
-def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm"):
+def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None):
     w = workloads.get(name, size)
     t = resolve(target)
-    calls, skipped = _callables(w, systems, t, int(t.attrs.get("num-cores", num_cores())))
+    calls, skipped, compile_s = _callables(w, systems, t, int(t.attrs.get("num-cores", num_cores())), logs)
     ref = w.reference(*w.inputs())
-    row = Row(name, skipped=skipped)
+    row = Row(name, skipped=skipped, compile_s=compile_s)
     for s, (_, res, launches) in calls.items():
         row.ok[s] = bool(_close(res, ref, w))
         if launches is not None:
@@ -111,25 +125,71 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
+def best_peer(row):
+    ms = {s: row.ms[s] for s in PEERS if s in row.ms}
+    return min(ms, key=ms.get) if ms else None
+
+
+# (label, system a, system b, workloads or None for all): "a is N times faster than b"
+_GEOMEANS = [
+    ("tvmfuse vs tvm, all workloads", "tvmfuse", "tvm", None),
+    ("tvmfuse vs tvm, reduction-heavy", "tvmfuse", "tvm", REDUCTION_HEAVY),
+    ("tvmfuse vs onnxruntime", "tvmfuse", "onnxruntime", None),
+    ("tvmfuse vs torch eager", "tvmfuse", "torch", None),
+    ("tvmfuse vs torch.compile", "tvmfuse", "torch.compile", None),
+    ("tvmfuse+tuned vs tvm+tuned", "tvmfuse+tuned", "tvm+tuned", None),
+    ("tvmfuse+tuned vs tvmfuse", "tvmfuse+tuned", "tvmfuse", None),
+]
+
+
 def summary(rows, systems):
     """Markdown: one line per workload, then the geometric means the targets are stated in."""
-    head = ["workload"] + [f"{s} ms" for s in systems] + ["launches tvm/tvmfuse", "tvmfuse vs tvm",
-                                                          "tvmfuse vs onnxruntime", "numerics"]
+    ratio_cols = [(a, b) for a, b in (("tvmfuse", "tvm"), ("tvmfuse", "onnxruntime"), ("tvmfuse", "torch"),
+                                      ("tvmfuse+tuned", "tvm+tuned")) if a in systems and b in systems]
+    head = (["workload"] + [f"{s} ms" for s in systems] + ["launches tvm/tvmfuse"]
+            + [f"{a} vs {b}" for a, b in ratio_cols] + ["tvmfuse vs best peer", "numerics"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    fmt = lambda x: f"{x:.2f}x" if x else "-"
     for r in rows:
         cells = [r.workload] + [f"{r.ms[s]:.3f}" if s in r.ms else "-" for s in systems]
         cells.append(f"{r.launches.get('tvm', '-')}/{r.launches.get('tvmfuse', '-')}")
-        for base in ("tvm", "onnxruntime"):
-            x = r.ratio("tvmfuse", base)
-            cells.append(f"{x:.2f}x" if x else "-")
+        cells += [fmt(r.ratio(a, b)) for a, b in ratio_cols]
+        peer = best_peer(r)
+        cells.append(f"{fmt(r.ratio('tvmfuse', peer))} ({peer})" if peer else "-")
         cells.append("ok" if all(r.ok.values()) else "MISMATCH " + ",".join(s for s, v in r.ok.items() if not v))
         lines.append("| " + " | ".join(cells) + " |")
-    g_all = geomean([r.ratio("tvmfuse", "tvm") for r in rows])
-    g_red = geomean([r.ratio("tvmfuse", "tvm") for r in rows if r.workload in REDUCTION_HEAVY])
-    g_ort = geomean([r.ratio("tvmfuse", "onnxruntime") for r in rows])
     lines.append("")
-    for label, g in (("tvmfuse vs tvm, all workloads", g_all), ("tvmfuse vs tvm, reduction-heavy", g_red),
-                     ("tvmfuse vs onnxruntime", g_ort)):
+    for label, a, b, subset in _GEOMEANS:
+        g = geomean([r.ratio(a, b) for r in rows if subset is None or r.workload in subset])
         if g:
-            lines.append(f"- geometric mean speedup, {label}: {g:.2f}x")
+            lines.append(f"- geometric mean, {label}: {g:.2f}x")
+    g = geomean([r.ratio("tvmfuse", best_peer(r)) for r in rows if best_peer(r)])
+    if g:
+        lines.append(f"- geometric mean, tvmfuse vs the best peer of each workload: {g:.2f}x")
+    compiles = [f"{r.workload} {r.compile_s['torch.compile']:.1f}s" for r in rows if "torch.compile" in r.compile_s]
+    if compiles:
+        lines.append("- torch.compile compile time (first call): " + ", ".join(compiles))
+    return "\n".join(lines)
+
+
+def roofline_table(rows, size, systems, bandwidth, peak_gflops, llc):
+    """Markdown: for memory-bound workloads, each system's latency as a multiple of the bandwidth
+    bound (minimal bytes / measured GB/s); for compute-heavy ones, achieved GFLOP/s."""
+    from . import roofline
+
+    gbs = max(bandwidth.values())
+    lines = [f"Measured: {', '.join(f'{k} {v:.1f} GB/s' for k, v in bandwidth.items())}; "
+             f"numpy matmul {peak_gflops:.0f} GFLOP/s; last-level cache {llc / 2**20:.0f} MiB" if llc else "",
+             "", "| workload | minimal MB | fits in LLC | bound ms | "
+             + " | ".join(f"{s}" for s in systems) + " |", "|" + "---|" * (len(systems) + 4)]
+    for r in rows:
+        w = workloads.get(r.workload, size)
+        nbytes, fl = roofline.minimal_bytes(w), roofline.flops(w)
+        bound = nbytes / gbs / 1e6
+        if fl:
+            cells = [f"{fl / (r.ms[s] * 1e6):.0f} GFLOP/s" if s in r.ms else "-" for s in systems]
+        else:
+            cells = [f"{r.ms[s] / bound:.1f}x bound" if s in r.ms else "-" for s in systems]
+        resident = "yes (not a bound)" if llc and nbytes < llc else "no"
+        lines.append(f"| {r.workload} | {nbytes / 1e6:.1f} | {resident} | {bound:.3f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""What the memory system and the FPUs allow, measured in the same run as the benchmark.
+
+Contract:
+- `bandwidth_gbs()` measures memory bandwidth two ways on arrays far larger than the last-level
+  cache: numpy's `add(b, c, out=a)` and a TVM triad `a = b + s * c` (parallel, vectorized), each
+  counted as 3 x N x 4 bytes per call; returns {"numpy_add": GB/s, "tvm_triad": GB/s}.
+- `matmul_peak_gflops()` measures numpy (BLAS) float32 matmul throughput on 2048^3.
+- `minimal_bytes(workload)`: every input read once and every output written once.
+- `flops(workload)`: the multiply-adds of the compute-heavy workloads (None for the others).
+- `last_level_cache_bytes()`: from sysfs (None when unknown). A workload whose minimal bytes fit in
+  it is cache-resident: its "bound" is no bound, and the report says so.
+"""
+from __future__ import annotations
+
+import glob
+import time
+
+import numpy as np
+
+from .relax_utils import tensor_bytes
+
+
+def _best_seconds(fn, repeats=5):
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def last_level_cache_bytes():
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        text = open(path).read().strip()
+        mult = {"K": 1024, "M": 1024 ** 2}.get(text[-1], 1)
+        sizes.append(int(text.rstrip("KM")) * mult)
+    return max(sizes) if sizes else None
+
+
+def bandwidth_gbs(n: int = 1 << 25) -> dict:
+    """n float32 per array (default 128 MiB each, 4x a 32 MiB LLC)."""
+    import tvm
+    from tvm import te
+
+    from .target import resolve
+
+    rng = np.random.default_rng(0)
+    b, c = rng.standard_normal(n).astype("float32"), rng.standard_normal(n).astype("float32")
+    a = np.empty_like(b)
+    out = {"numpy_add": 3 * n * 4 / _best_seconds(lambda: np.add(b, c, out=a)) / 1e9}
+
+    B, C = te.placeholder((n,), name="b"), te.placeholder((n,), name="c")
+    A = te.compute((n,), lambda i: B[i] + np.float32(3.0) * C[i], name="a")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([B, C, A]))
+    blk = sch.get_sblock("a")
+    (i,) = sch.get_loops(blk)
+    io, ii = sch.split(i, [None, 16])
+    sch.parallel(io)
+    sch.vectorize(ii)
+    target = resolve("llvm")
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"]}), target=target)
+    dev = tvm.cpu(0)
+    tb, tc, ta = (tvm.runtime.tensor(x, dev) for x in (b, c, a))
+    sec = lib.mod.time_evaluator("main", dev, number=3, repeat=5)(tb, tc, ta).min
+    out["tvm_triad"] = 3 * n * 4 / sec / 1e9
+    return out
+
+
+def matmul_peak_gflops(n: int = 2048) -> float:
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal((n, n)).astype("float32"), rng.standard_normal((n, n)).astype("float32")
+    return 2 * n ** 3 / _best_seconds(lambda: x @ y, repeats=3) / 1e9
+
+
+def minimal_bytes(workload) -> int:
+    ins = sum(int(np.prod(s)) * np.dtype(d).itemsize for _, s, d in workload.input_specs)
+    return ins + tensor_bytes(workload.mod["main"].ret_ty)
+
+
+def flops(workload):
+    shapes = {n: s for n, s, _ in workload.input_specs}
+    if workload.name == "mlp_block":
+        (t, d), h = shapes["x"], shapes["w1"][1]
+        return 2 * t * d * h * 2
+    if workload.name == "conv_relu_bn_add":
+        (_, c, hh, ww), k = shapes["x"], shapes["w"][2]
+        return 2 * c * c * k * k * hh * ww
+    if workload.name == "attention":
+        b, s, dm = shapes["q"]
+        return 2 * b * s * s * dm * 2
+    return None
