@@ -17,7 +17,7 @@ from tvm import s_tir
 from .cpu_conv import Conv2D
 from .cpu_matmul import Matmul
 from .cpu_reduction import FullReduction, RowReduction
-from .cpu_util import inline_injective, schedule_reduction, schedule_spatial
+from .common import inline_injective, schedule_reduction, schedule_spatial
 from .rule import ScheduleRule
 
 

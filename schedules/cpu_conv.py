@@ -20,8 +20,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .cpu_util import (block_bits, extent, inline_injective, is_reduction, lanes, operands_of_reduction,
-                       schedule_spatial)
+from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial, single_reduction
 from .rule import ScheduleRule
 from .targets import CPU
 
@@ -31,13 +30,10 @@ class Conv2D(ScheduleRule):
 
     def apply(self, func, target):
         sch = s_tir.Schedule(func)
-        infos = inline_injective(sch)
-        if not infos:
+        found = single_reduction(sch)
+        if found is None:
             return None
-        reductions = [i for i in infos if is_reduction(sch, i.block_rv)]
-        if len(reductions) != 1:
-            return None
-        conv = reductions[0]
+        infos, conv = found
         kinds = conv.dom_kind()
         n_red = kinds.count("R")
         if not 1 <= n_red <= 3 or kinds != "S" * (len(kinds) - n_red) + "R" * n_red or len(kinds) - n_red < 3:

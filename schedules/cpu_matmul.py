@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .cpu_util import (block_bits, extent, inline_injective, is_reduction, lanes, operands_of_reduction,
-                       schedule_spatial)
+from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial, single_reduction
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
@@ -31,15 +30,12 @@ class Matmul(ScheduleRule):
 
     def apply(self, func, target):
         sch = s_tir.Schedule(func)
-        infos = inline_injective(sch)
-        if not infos:
+        found = single_reduction(sch)
+        if found is None or not _is_matmul(sch, found[1]):
             return None
-        reductions = [i for i in infos if is_reduction(sch, i.block_rv)]
-        if len(reductions) != 1 or not _is_matmul(sch, reductions[0]):
-            return None
-        mm = reductions[0].block_rv
-        before = infos[: infos.index(reductions[0])]
-        after = infos[infos.index(reductions[0]) + 1:]
+        infos, red = found
+        mm = red.block_rv
+        before, after = infos[: infos.index(red)], infos[infos.index(red) + 1:]
         tile = _tile(sch, mm)
         if tile is None:
             return None

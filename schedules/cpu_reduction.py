@@ -17,7 +17,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from . import row_chain
-from .cpu_util import block_bits, extent, inline_injective, lanes
+from .common import block_bits, extent, inline_injective, lanes
 from .rule import ScheduleRule
 from .targets import CPU
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from tvm import s_tir
 from tvm.s_tir import dlight as dl
-from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from . import row_chain
+from .common import inline_injective
 from .rule import ScheduleRule
 from .targets import CUDA
 
@@ -31,22 +31,6 @@ class DlightRule(ScheduleRule):
         if isinstance(sch, list):
             sch = sch[0] if sch else None
         return None if sch is None else sch.mod["main"]
-
-
-def _inline_all(sch):
-    """compute_inline every non-output spatial block: on a GPU recomputing an elementwise stage is
-    cheaper than a round trip through global memory."""
-    changed = True
-    while changed:
-        changed = False
-        for info in normalize_prim_func(sch) or []:
-            if info.is_injective() and not row_chain.is_output(sch, info.block_rv):
-                try:
-                    sch.compute_inline(info.block_rv)
-                    changed = True
-                    break
-                except Exception:
-                    continue
 
 
 def _threads(inner: int, rows: int) -> int:
@@ -69,7 +53,7 @@ class RowReduction(ScheduleRule):
 
     def apply(self, func, target):
         sch = s_tir.Schedule(func)
-        _inline_all(sch)
+        inline_injective(sch, keep=lambda sch, info: False)  # on a GPU recomputing beats a round trip
         chain = row_chain.analyze(sch)
         if chain is None or not row_chain.same_thread_mapping(sch, chain):
             return None

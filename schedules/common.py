@@ -1,4 +1,4 @@
-"""Helpers shared by the CPU (llvm) schedule rules: vector lanes, inlining, loop scheduling."""
+"""Helpers shared by the schedule rules: vector lanes, inlining, loop scheduling, stage shapes."""
 from __future__ import annotations
 
 import tvm
@@ -18,8 +18,11 @@ def extent(sch, loop):
     return int(ext) if isinstance(ext, tvm.tirx.IntImm) else None
 
 
-def inline_injective(sch):
-    """compute_inline every non-output spatial block that allows it (repeat until none changes)."""
+def inline_injective(sch, keep=None):
+    """compute_inline every non-output spatial block that allows it and that `keep(sch, info)`
+    (default: the CPU's `_costly_to_recompute`) does not hold back; repeat until none changes.
+    Returns the block infos left, or None when the function cannot be normalised."""
+    keep = _costly_to_recompute if keep is None else keep
     changed = True
     while changed:
         changed = False
@@ -27,7 +30,7 @@ def inline_injective(sch):
         if infos is None:
             return None
         for info in infos:
-            if info.is_injective() and not is_output(sch, info.block_rv) and not _costly_to_recompute(sch, info):
+            if info.is_injective() and not is_output(sch, info.block_rv) and not keep(sch, info):
                 try:
                     sch.compute_inline(info.block_rv)
                     changed = True
@@ -35,6 +38,14 @@ def inline_injective(sch):
                 except Exception:
                     continue
     return normalize_prim_func(sch)
+
+
+def single_reduction(sch):
+    """Inline the injective stages; (block infos, the one reduction's info) or None when the
+    function does not have exactly one reduction (the shape of a matmul or conv group)."""
+    infos = inline_injective(sch)
+    reductions = [i for i in infos or [] if is_reduction(sch, i.block_rv)]
+    return (infos, reductions[0]) if len(reductions) == 1 else None
 
 
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
