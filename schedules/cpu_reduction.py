@@ -41,8 +41,7 @@ class RowReduction(ScheduleRule):
             order.append(b)
         lead = sch.get_loops(order[0])[: chain.rows]
         row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
-        for b in order[1:]:  # program order: each stage's producers are already in the row
-            sch.reverse_compute_at(b, row, preserve_unit_loops=True)
+        row_chain.join_row(sch, order, row)  # program order: each stage's producers are in the row
         sch.parallel(row)
         for k, b in enumerate(order):
             if k in partials:

@@ -71,9 +71,8 @@ class RowReduction(ScheduleRule):
             loops = sch.get_loops(first)
             row = sch.add_unit_loop(loops[0] if loops else first)  # above the stage's loops
         sch.bind(row, "blockIdx.x")
-        for k, b in enumerate(chain.blocks):
-            if k:  # in program order, so each stage's producers are already at the row loop
-                sch.reverse_compute_at(b, row, preserve_unit_loops=True)
+        row_chain.join_row(sch, chain.blocks, row)
+        for b in chain.blocks:
             _bind_inner(sch, b, row, threads)
             if b in chain.reductions and not row_chain.is_output(sch, b):
                 sch.set_scope(b, 0, "shared")  # a cross-thread result every thread reads

@@ -109,3 +109,32 @@ def same_thread_mapping(sch, chain: RowChain) -> bool:
                     if len(non_unit) != len(own) or not all(a.same_as(v) for a, v in zip(non_unit, own)):
                         return False
     return True
+
+
+def _iterations(sch, block_rv) -> int:
+    n = 1
+    for iv in sch.get(block_rv).iter_vars:
+        n *= _int(iv.dom.extent) or 0
+    return n
+
+
+def _loop_trips(sch, block_rv) -> int:
+    n = 1
+    for lp in sch.get_loops(block_rv):
+        n *= _int(sch.get(lp).extent) or 0
+    return n
+
+
+def join_row(sch, blocks, row) -> None:
+    """Move every stage after the first into the first stage's row loop `row`, in program order
+    (reverse_compute_at), and check that each stage still runs each of its iterations exactly
+    once. reverse_compute_at sizes a stage by what its in-row producers wrote: a stage that also
+    reads only inputs (the x half of concat(x, max(x))) would shrink to the produced part, and one
+    with no in-row producer (a sibling tanh(x)) would run whole in every row. Either raises
+    ValueError, and the rule declines."""
+    want = {b: _iterations(sch, b) for b in blocks}
+    for b in blocks[1:]:
+        sch.reverse_compute_at(b, row, preserve_unit_loops=True)
+    for b in blocks:
+        if _loop_trips(sch, b) != want[b]:
+            raise ValueError(f"stage {sch.get(b).name_hint} does not cover its domain once inside the row")
