@@ -22,11 +22,11 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
     for gv, func in mod.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs and func.attrs.get("tirx.is_scheduled"):
             continue
-        if not gpu and CPU["vector_exp"]:
-            func = vectorizable_exp(func)
         sched, rule = apply_rules(func, target, rules)
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue
+        if not gpu and CPU["vector_exp"]:  # after the rules: they judge recompute cost by T.exp calls
+            sched = vectorizable_exp(sched)
         out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
     return out

@@ -18,6 +18,12 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# Several runtimes share this process and its cores: each must sleep, not spin, while another runs,
+# or its idle workers steal the cores (PyTorch eager measured 40 ms instead of 0.5 ms that way).
+# Set before tvm / torch / onnxruntime start their thread pools.
+os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def parse(argv=None):
     from tvmfuse import bench, workloads

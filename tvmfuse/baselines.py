@@ -121,6 +121,7 @@ class OrtRunner:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # sleep between runs
         self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         self.names = [n for n, _, _ in workload.input_specs]
 

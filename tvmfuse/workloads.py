@@ -252,7 +252,9 @@ def mlp_block(size):
     def ref(x, w1, b1, w2, b2):
         return _np_gelu(x @ w1 + b1) @ w2 + b2 + x
 
-    return _wl("mlp_block", size, specs, body, ref, rtol=1e-3, atol=1e-3)
+    # sums of 3072 products reach ~5e3 at bench size: float32 rounding gives ~1e-2 absolute error
+    # next to outputs that cancel to ~0, in every system (ONNX Runtime too), so atol follows the scale
+    return _wl("mlp_block", size, specs, body, ref, rtol=1e-3, atol=_pick(size, 1e-3, 5e-2))
 
 
 @register
