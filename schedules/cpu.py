@@ -4,6 +4,7 @@ Rules, in order, each able to decline:
   Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
   Matmul        - matmul / batch matmul + epilogue: blocked, register micro-kernel (cpu_matmul.py)
   Conv2D        - direct NCHW conv2d + epilogue: channel x row x vector tile (cpu_conv.py)
+  ColumnReduction - x^T @ g: parallel chunks of rows, vector partial rows (cpu_reduction.py)
   RowReduction  - a row-reduction chain: parallel rows, every stage at the row (cpu_reduction.py)
   FullReduction - reductions to a scalar: parallel chunks x vector partials, sibling chunks merged
   Fallback   - any other func: inline injective stages, parallelise each root block's leading spatial
@@ -16,7 +17,7 @@ from tvm import s_tir
 
 from .cpu_conv import Conv2D
 from .cpu_matmul import Matmul
-from .cpu_reduction import FullReduction, RowReduction
+from .cpu_reduction import ColumnReduction, FullReduction, RowReduction
 from .common import inline_injective, schedule_reduction, schedule_spatial
 from .rule import ScheduleRule
 
@@ -50,4 +51,4 @@ class Fallback(ScheduleRule):
         return sch.mod["main"]
 
 
-RULES = [Injective(), Matmul(), Conv2D(), RowReduction(), FullReduction(), Fallback()]
+RULES = [Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(), Fallback()]

@@ -133,3 +133,23 @@ def test_vector_exp_matches_numpy_over_the_float32_range():
     assert np.all(out[ref <= 1e-37] <= 1e-37)
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
+
+
+def test_transposed_gemv_takes_the_column_reduction_rule():
+    rules = _rules(built("linear_regression_step", "tvmfuse"))
+    assert rules["fused_permute_dims_matmul_multiply_subtract"] == "cpu.ColumnReduction"
+    assert rules["fused_matmul_add_subtract_multiply"] == "cpu.RowReduction"  # the GEMV + epilogue
+
+
+@pytest.mark.parametrize("n,d", [(64, 16), (128, 48), (100, 16)])
+def test_column_reduction_numerics(n, d):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, d), "float32"))
+    g = relax.Var("g", relax.TensorType((n, 1), "float32"))
+    with bb.function("main", [x, g]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(bb.emit(relax.op.permute_dims(x, [1, 0])), g))
+        bb.emit_func_output(out)
+    rng = np.random.default_rng(3)
+    xv, gv = rng.standard_normal((n, d)).astype("float32"), rng.standard_normal((n, 1)).astype("float32")
+    np.testing.assert_allclose(tvmfuse.build(bb.get(), "llvm", "tvmfuse")(xv, gv), xv.T @ gv, rtol=1e-4, atol=1e-4)
