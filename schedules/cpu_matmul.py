@@ -20,6 +20,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial, single_reduction
+from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
@@ -40,6 +41,7 @@ class Matmul(ScheduleRule):
         if tile is None:
             return None
         outer_rows, k = tile
+        _pack_panels(sch, mm)
         if is_output(sch, mm):  # no epilogue stage: accumulate in a tile, then store it
             after = [None]
             sch.reverse_compute_at(sch.cache_write(mm, 0, "global"), outer_rows, preserve_unit_loops=True)
@@ -78,6 +80,27 @@ def _tile(sch, mm):
     outer = [*batch, j0]
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else j0)
     return i0, k
+
+
+def _pack_panels(sch, mm):
+    """Copy the [.., K, N] operand into [.., N / NR, K, NR] panels once per call: the micro-kernel
+    then walks one contiguous panel instead of K rows N floats apart (a TLB miss per k)."""
+    block = sch.get(mm)
+    *_, j, k = [iv.var.name for iv in block.iter_vars]
+    for idx, r in enumerate(block.reads):
+        used = [row_chain._vars_in(rg.min) for rg in r.region]
+        if len(used) >= 2 and used[-1] == {j} and used[-2] == {k}:
+            break
+    else:
+        return  # no [K, N] operand (a transposed weight is packed by its own copy stage)
+    nr = lanes(block_bits(sch, mm)) * CPU["mm_col_vectors"]
+    if int(r.source.shape[-1]) % nr:
+        return
+    pack = sch.cache_read(mm, idx, "global")
+    sch.transform_layout(pack, ("write", 0), lambda *ax: (*ax[:-2], ax[-1] // nr, ax[-2], ax[-1] % nr))
+    loops = sch.get_loops(pack)
+    sch.parallel(sch.fuse(*loops[:-1]))
+    sch.vectorize(sch.split(loops[-1], [None, lanes(block_bits(sch, mm))])[1])
 
 
 def _vectorize_tile(sch, block_rv, outer_rows):

@@ -197,13 +197,17 @@ class ColumnReduction(ScheduleRule):
 
 
 def _reduces_outer_axis(sch, block_rv) -> bool:
-    """True when some operand's last index moves with a spatial variable and not with the
-    reduction variable, while an earlier index moves with the reduction variable."""
+    """True when an operand's last index moves with a spatial variable while an earlier one moves
+    with the reduction variable, and no operand has the reduction variable last (that would be a
+    matmul's x[i, k]: a row reduction for that operand)."""
     block = sch.get(block_rv)
     k = block.iter_vars[-1].var.name
     spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
+    found = False
     for r in block.reads:
         idx = [row_chain._vars_in(rg.min) for rg in r.region]
-        if len(idx) >= 2 and idx[-1] & spatial and k not in idx[-1] and any(k in s for s in idx[:-1]):
-            return True
-    return False
+        if idx and k in idx[-1]:
+            return False
+        if len(idx) >= 2 and idx[-1] & spatial and any(k in s for s in idx[:-1]):
+            found = True
+    return found

@@ -153,3 +153,19 @@ def test_column_reduction_numerics(n, d):
     rng = np.random.default_rng(3)
     xv, gv = rng.standard_normal((n, d)).astype("float32"), rng.standard_normal((n, 1)).astype("float32")
     np.testing.assert_allclose(tvmfuse.build(bb.get(), "llvm", "tvmfuse")(xv, gv), xv.T @ gv, rtol=1e-4, atol=1e-4)
+
+
+def test_column_rule_leaves_an_odd_matmul_alone():
+    """A matmul the Matmul rule declines (M not a multiple of its tile) is no column reduction."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((6, 64), "float32"))
+    w = relax.Var("w", relax.TensorType((64, 64), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    c = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    assert "cpu.ColumnReduction" not in _rules(c).values()
+    rng = np.random.default_rng(4)
+    xv, wv = rng.standard_normal((6, 64)).astype("float32"), rng.standard_normal((64, 64)).astype("float32")
+    np.testing.assert_allclose(c(xv, wv), xv @ wv, rtol=1e-4, atol=1e-4)
