@@ -21,6 +21,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial, single_reduction
+from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
 
@@ -40,7 +41,9 @@ class Conv2D(ScheduleRule):
             return None
         if operands_of_reduction(sch, conv.block_rv) < 2:  # a row sum over 3-d rows, not a conv
             return None
-        tile = _tile(sch, conv.block_rv, n_red)
+        v = lanes(block_bits(sch, conv.block_rv))
+        by_channel = extent(sch, sch.get_loops(conv.block_rv)[-n_red - 3]) % v == 0
+        tile = (_channel_tile if by_channel else _tile)(sch, conv.block_rv, n_red)
         if tile is None:
             return None
         at, rc = tile
@@ -57,6 +60,50 @@ def _widest_dividing(n, v):
     while v > 1 and n % v:
         v //= 2
     return v
+
+
+def _channel_tile(sch, conv, n_red):
+    """Output channels in the vector (a full register when they divide it): the weights, packed
+    [oc / lanes, rc, ry, rx, lanes], are one vector load; each of `conv_columns` output columns
+    is a broadcast input scalar and one accumulator register."""
+    loops = sch.get_loops(conv)
+    *lead, oc, oh, ow = loops[:-n_red]
+    reds = loops[-n_red:]
+    v = lanes(block_bits(sch, conv))
+    owb = _widest_divisor(extent(sch, ow), CPU["conv_columns"])
+    if owb < 2:
+        return None
+    if is_output(sch, conv) or len(sch.get(conv).writes[0].source.shape) != 4:
+        return None  # the tile needs an on-chip accumulator it can lay out channel-last
+    _pack_channels(sch, conv, v, n_red)
+    # the accumulator tile channel-last, so one output column of channels is one register
+    sch.transform_layout(conv, ("write", 0), lambda n, o, h, w_: (n, o // v, h, w_, o % v))
+    oc0, oc1 = sch.split(oc, [None, v])
+    ow0, ow1 = sch.split(ow, [None, owb])
+    sch.reorder(*lead, oc0, oh, ow0, *reds, ow1, oc1)
+    sch.unroll(ow1)
+    sch.vectorize(oc1)
+    sch.parallel(sch.fuse(*lead, oc0, oh))
+    return ow0, reds[0]
+
+
+def _widest_divisor(n, cap):
+    """The largest divisor of n not above cap."""
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def _pack_channels(sch, conv, v, n_red):
+    block = sch.get(conv)
+    oc = block.iter_vars[-(n_red + 3)].var  # (.., oc, oh, ow, rc[, ry, rx])
+    for idx, r in enumerate(block.reads):  # the weight: its first index is the output channel
+        if len(r.region) >= 2 and r.region[0].min.same_as(oc):
+            break
+    else:
+        return
+    pack = sch.cache_read(conv, idx, "global")
+    sch.transform_layout(pack, ("write", 0), lambda o, *rest: (o // v, *rest, o % v))
+    loops = sch.get_loops(pack)
+    sch.parallel(loops[0])
 
 
 def _tile(sch, conv, n_red):

@@ -10,7 +10,8 @@ CPU = {
     "mm_col_vectors": 2,
     "conv_out_channels": 8,  # conv2d tile: output channels (a broadcast weight each) ...
     "conv_rows": 2,  # ... x output rows ...
-    "conv_min_vector": 4,  # ... x a vector of output columns at least this wide  # micro-kernel width NR in vector registers: MR x NR/lanes accumulators  # a full (scalar) reduction is cut into this many parallel chunks
+    "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
+    "conv_columns": 14,  # channel-vector conv tile: output columns (one accumulator register each)  # micro-kernel width NR in vector registers: MR x NR/lanes accumulators  # a full (scalar) reduction is cut into this many parallel chunks
     # stages calling these are not inlined into several consumers (recompute costs more than a re-read)
     "costly_intrinsics": ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt"),
 }
