@@ -8,7 +8,7 @@ import tvm
 from . import cpu, cuda
 from .rule import apply_rules
 from .targets import CPU
-from .vector_math import vectorizable_exp
+from .vector_math import vectorizable_math
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -26,7 +26,7 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue
-        if not gpu and CPU["vector_exp"]:  # after the rules: they judge recompute cost by T.exp calls
-            sched = vectorizable_exp(sched)
+        if not gpu and CPU["vector_math"]:  # after the rules: they judge recompute cost by T.exp calls
+            sched = vectorizable_math(sched)
         out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
     return out

@@ -64,7 +64,9 @@ def _is_matmul(sch, info) -> bool:
 
 
 def _tile(sch, mm):
-    """Split and reorder the matmul loops into the micro-kernel nest. Returns (i0 loop, k loop)."""
+    """Split and reorder the matmul loops into the micro-kernel nest. Returns (the loop the
+    epilogue joins, the loop the accumulator init goes before). (Blocking K as well, 128 to 512,
+    measured no faster on mlp_block here: the packed panel already streams from L2.)"""
     loops = sch.get_loops(mm)
     *batch, i, j, k = loops
     m, n = extent(sch, i), extent(sch, j)

@@ -4,7 +4,7 @@ CPU = {
     "vector_bytes": 64,  # AVX-512 register width; the llvm target's mcpu decides what is emitted
     "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
     "max_vector_lanes": 16,
-    "vector_exp": True,  # float32 exp as TVM's fast_exp polynomial (vectorizes; libm expf does not)
+    "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,
     "mm_rows": 8,  # matmul micro-kernel height MR (rows of A broadcast per k)
     "mm_col_vectors": 2,
