@@ -75,101 +75,116 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
     t_start = time.time()
     target = resolve(target)
     _check_device(target, rpc)
-    folder = target_dir(logs, target)
-    db = DurableDatabase(folder)
-    fused = tasks_mod.fused_module(mod, target, fusion, knobs)
-    tasks = tasks_mod.extract(fused)
-    evaluator_config = evaluator_config or rpc_mod.evaluator()
-    builder = rpc_mod.builder()
-    runner = rpc_mod.runner(evaluator_config, rpc)
-    state = decisions.load(folder)
-    result = TuneResult(folder)
+    s = _Session(target, target_dir(logs, target), rpc, evaluator_config, num_trials_per_iter, seed,
+                 population_size)
+    tasks = tasks_mod.extract(tasks_mod.fused_module(mod, target, fusion, knobs))
+    result = TuneResult(s.folder)
     if not tasks:
         return result
-
-    # default latency per task (stored, so reruns split the budget the same way)
-    for t in tasks:
-        t.key = workload_key(t.mod)
-    missing = [t for t in tasks if t.key not in state or state[t.key].default_ms is None]
-    if missing:
-        secs = measure.measure([measure.default_scheduled(t.mod, target) for t in missing], target, builder, runner)
-        for t, s in zip(missing, secs):
-            state[t.key] = decisions.Decision(t.key, t.name, 0, None if s is None else s * 1e3, None, False,
-                                              str(target))
-    weights = [t.weight * (state[t.key].default_ms or 1.0) for t in tasks]
-    shares = [w / sum(weights) for w in weights]
+    shares = s.shares(tasks)
     deadline = t_start + time_budget if time_budget else None
-
     bar = _bar(len(tasks), name or fusion, progress)
     order = sorted(range(len(tasks)), key=lambda i: -shares[i])
     for n_done, i in enumerate(order):
-        t, d = tasks[i], state[tasks[i].key]
-        done = max(d.trials, len(db.records_of(t.mod)))
-        want = _share(trials, shares[i], num_trials_per_iter) if trials else 10**6
-        goal = want if resume else done + want
-        res = TaskResult(t.name, t.key, t.weight, 0, done, d.default_ms, d.tuned_ms, d.use_tuned)
+        want = _share(trials, shares[i]) if trials else 10**6
+        left_time = None if deadline is None else (deadline - time.time()) * shares[i] / sum(
+            shares[j] for j in order[n_done:])
+        res = s.tune_task(tasks[i], want, resume, left_time, bar)
         result.tasks.append(res)
-        remaining_time = None if deadline is None else deadline - time.time()
-        if done >= goal:
-            res.skipped = "finished"
-            if d.tuned_ms is None and done > 0 and _best_ms(db, t.mod) is not None:
-                _decide(t, target, db, builder, runner, d, res)  # a run killed before deciding
-                decisions.save(folder, d)
-            elif t in missing:
-                decisions.save(folder, d)
-        elif remaining_time is not None and remaining_time <= 1:
-            res.skipped = "time budget"
-        else:
-            left = sum(shares[j] for j in order[n_done:])
-            task_deadline = None if deadline is None else time.time() + remaining_time * shares[i] / left
-            cb = _Progress(bar, t.name, task_deadline, _best_ms(db, t.mod))
-            _run_ms(t, target, folder, db, builder, runner, goal - done, num_trials_per_iter, seed,
-                    population_size, cb)
-            res.trials_run = cb._inst.trials
-            # cut by the clock: continue next time; otherwise the budget (or the search space) is done
-            res.trials_total = done + res.trials_run if cb._inst.stopped else goal
-            _decide(t, target, db, builder, runner, d, res)
-            d.trials, d.task, d.target, d.time = res.trials_total, t.name, str(target), ""
-            decisions.save(folder, d)
-        bar.set_postfix_str(f"{t.name[:24]} best {_fmt(res.tuned_ms)} / default {_fmt(res.default_ms)} ms")
         bar.update(1)
     bar.close()
+    s.decide([(tasks[i], r) for i, r in zip(order, result.tasks) if r.trials_run or r.key in s.undecided])
     result.wall_s = time.time() - t_start
     return result
 
 
-def _share(trials: int, share: float, per_iter: int) -> int:
+class _Session:
+    """One tune() call: the database, builder, runner and per-task state of one target folder."""
+
+    def __init__(self, target, folder, rpc, evaluator_config, per_iter, seed, population_size):
+        self.target, self.folder, self.per_iter, self.seed = target, folder, per_iter, seed
+        self.population_size = population_size
+        self.db = DurableDatabase(folder)
+        self.builder = rpc_mod.builder()
+        self.runner = rpc_mod.runner(evaluator_config or rpc_mod.evaluator(), rpc)
+        self.state = decisions.load(folder)
+        self.unsaved: set[str] = set()
+        self.undecided: set[str] = set()  # finished by a run killed before it decided
+
+    def shares(self, tasks) -> list[float]:
+        """Share of the budget per task: call sites x the default's latency, measured once and stored
+        so a rerun splits the budget the same way."""
+        for t in tasks:
+            t.key = workload_key(t.mod)
+        missing = [t for t in tasks if t.key not in self.state or self.state[t.key].default_ms is None]
+        if missing:
+            secs = measure.measure([measure.default_scheduled(t.mod, self.target) for t in missing], self.target,
+                                   self.builder, self.runner)
+            for t, sec in zip(missing, secs):
+                old = self.state.get(t.key)
+                self.state[t.key] = decisions.Decision(t.key, t.name, old.trials if old else 0,
+                                                       None if sec is None else sec * 1e3, None, False,
+                                                       str(self.target))
+                self.unsaved.add(t.key)
+        weights = [t.weight * (self.state[t.key].default_ms or 1.0) for t in tasks]
+        return [w / sum(weights) for w in weights]
+
+    def tune_task(self, t, want, resume, left_time, bar) -> TaskResult:
+        d = self.state[t.key]
+        done = max(d.trials, len(self.db.records_of(t.mod)))
+        goal = want if resume else done + want
+        res = TaskResult(t.name, t.key, t.weight, 0, done, d.default_ms, d.tuned_ms, d.use_tuned)
+        if done >= goal or (left_time is not None and left_time <= 1):
+            res.skipped = "finished" if done >= goal else "time budget"
+            if d.tuned_ms is None and done > 0 and _best_ms(self.db, t.mod) is not None:
+                self.undecided.add(t.key)
+            elif t.key in self.unsaved:
+                decisions.save(self.folder, d)
+            return res
+        deadline = None if left_time is None else time.time() + left_time
+        cb = _Progress(bar, t.name, deadline, _best_ms(self.db, t.mod), goal - done)
+        self.run_ms(t, goal - done, cb)
+        res.trials_run = cb._inst.trials
+        # cut by the clock: continue next time; otherwise the budget (or the search space) is done
+        res.trials_total = done + res.trials_run if cb._inst.stopped else goal
+        d.trials, d.task, d.target, d.time = res.trials_total, t.name, str(self.target), ""
+        return res
+
+    def run_ms(self, task, n_trials, cb) -> None:
+        strategy = ms.search_strategy.EvolutionarySearch(population_size=self.population_size,
+                                                         init_min_unmeasured=min(50, self.population_size))
+        cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" else 1
+        ctx = ms.TuneContext(mod=task.mod, target=self.target, space_generator="post-order-apply",
+                             search_strategy=strategy, task_name=task.name,
+                             logger=get_loggers_from_work_dir(self.folder, [task.name])[0],
+                             rand_state=-1 if self.seed is None else self.seed, num_threads=cores)
+        ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=self.folder, max_trials_global=n_trials,
+                      max_trials_per_task=n_trials, num_trials_per_iter=max(1, min(self.per_iter, n_trials)),
+                      builder=self.builder, runner=self.runner, database=self.db, cost_model="xgb",
+                      measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [cb],
+                      task_scheduler="round-robin")
+
+    def decide(self, pairs) -> None:
+        """Never slower: each task's best record and its default schedule, measured by the same
+        runner in one batch; the record is applied at build only if it wins. Saved to tasks.json."""
+        mods = []
+        for task, _ in pairs:
+            sch = self.db.query_schedule(task.mod, target=self.target, workload_name="main")
+            mods.append(sch.mod if sch is not None and _best_ms(self.db, task.mod) is not None else None)
+            mods.append(measure.default_scheduled(task.mod, self.target))
+        secs = measure.measure(mods, self.target, self.builder, self.runner) if pairs else []
+        for k, (task, res) in enumerate(pairs):
+            d, (tuned_s, default_s) = self.state[task.key], secs[2 * k: 2 * k + 2]
+            if default_s is not None:
+                d.default_ms = default_s * 1e3
+            d.tuned_ms = None if tuned_s is None else tuned_s * 1e3
+            d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s)
+            res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
+            decisions.save(self.folder, d)
+
+
+def _share(trials: int, share: float) -> int:
     return max(min(2, trials), int(math.ceil(trials * share)))
-
-
-def _run_ms(task, target, folder, db, builder, runner, n_trials, per_iter, seed, population_size, cb):
-    strategy = ms.search_strategy.EvolutionarySearch(population_size=population_size,
-                                                     init_min_unmeasured=min(50, population_size))
-    ctx = ms.TuneContext(mod=task.mod, target=target, space_generator="post-order-apply",
-                         search_strategy=strategy, task_name=task.name,
-                         logger=get_loggers_from_work_dir(folder, [task.name])[0],
-                         rand_state=-1 if seed is None else seed,
-                         num_threads=int(target.attrs.get("num-cores", 1)) if target.kind.name == "llvm" else 1)
-    ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=folder, max_trials_global=n_trials,
-                  max_trials_per_task=n_trials, num_trials_per_iter=max(1, min(per_iter, n_trials)),
-                  builder=builder, runner=runner, database=db, cost_model="xgb",
-                  measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [cb],
-                  task_scheduler="round-robin")
-
-
-def _decide(task, target, db, builder, runner, d, res) -> None:
-    """Measure the best record against the default schedule, same runner, one batch."""
-    sch = db.query_schedule(task.mod, target=target, workload_name="main")
-    tuned = None
-    if sch is not None and _best_ms(db, task.mod) is not None:
-        tuned = sch.mod
-    default = measure.default_scheduled(task.mod, target)
-    tuned_s, default_s = measure.measure([tuned, default], target, builder, runner)
-    if default_s is not None:
-        d.default_ms = default_s * 1e3
-    d.tuned_ms = None if tuned_s is None else tuned_s * 1e3
-    d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s)
-    res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
 
 
 def _best_ms(db, task_mod) -> float | None:
@@ -206,9 +221,9 @@ def _bar(n, desc, enabled):
 class _Progress(PyMeasureCallback):
     """Counts trials, shows the best latency so far on the bar, stops the task at its deadline."""
 
-    def __init__(self, bar, name, deadline, best_ms):
+    def __init__(self, bar, name, deadline, best_ms, cap):
         super().__init__()
-        self.bar, self.name, self.deadline, self.best = bar, name, deadline, best_ms
+        self.bar, self.name, self.deadline, self.best, self.cap = bar, name, deadline, best_ms, cap
         self.trials, self.stopped = 0, False
 
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
@@ -218,6 +233,9 @@ class _Progress(PyMeasureCallback):
                 ms_ = 1e3 * sum(float(s) for s in r.run_secs) / len(r.run_secs)
                 self.best = ms_ if self.best is None else min(self.best, ms_)
         self.bar.set_postfix_str(f"{self.name[:24]} trials {self.trials} best {_fmt(self.best)} ms")
-        if self.deadline is not None and time.time() >= self.deadline and not self.stopped:
+        # terminate only below the trial cap: at the cap MetaSchedule terminates the task itself,
+        # and terminating twice is a fatal check in TaskScheduler::TerminateTask
+        if (self.deadline is not None and time.time() >= self.deadline and not self.stopped
+                and self.trials < self.cap):
             self.stopped = True
             task_scheduler.terminate_task(task_id)
