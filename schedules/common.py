@@ -98,6 +98,8 @@ def schedule_spatial(sch, info):
     loops = info.get_loops()
     if not loops:  # a 0-d output (the divide of a full mean): nothing to parallelise
         return
+    if _tile_transpose(sch, info, loops):
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
     n = lanes(block_bits(sch, info.block_rv))
@@ -107,6 +109,34 @@ def schedule_spatial(sch, info):
         sch.vectorize(inner)
     elif ext is None or ext >= CPU["min_parallel_extent"]:
         sch.parallel(fused)
+
+
+def _tile_transpose(sch, info, loops) -> bool:
+    """A copy whose innermost output index is not the input's innermost one (a transpose) is done
+    in square tiles: the tile's input lines stay in L1 while its output rows are written whole,
+    vectorized. Row by row, every load would touch a new cache line. Returns whether it applied."""
+    block = sch.get(info.block_rv)
+    body = block.body
+    if not (isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.TensorLoad)):
+        return False
+    if len(loops) < 2 or len(block.reads) != 1:
+        return False
+    src = [rg.min for rg in block.reads[0].region]
+    inner = block.iter_vars[-1].var
+    last_src = src[-1] if src else None
+    if last_src is None or last_src.same_as(inner) or not any(i.same_as(inner) for i in src):
+        return False
+    t = CPU["transpose_tile"]
+    a, b = loops[-2], loops[-1]
+    if (extent(sch, a) or 0) % t or (extent(sch, b) or 0) % t:
+        return False
+    a0, a1 = sch.split(a, [None, t])
+    b0, b1 = sch.split(b, [None, t])
+    sch.reorder(a0, b0, a1, b1)
+    outer = [*loops[:-2], a0, b0]
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else outer[0])
+    sch.vectorize(b1)
+    return True
 
 
 def schedule_reduction(sch, info):

@@ -6,6 +6,7 @@ CPU = {
     "max_vector_lanes": 16,
     "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,
+    "transpose_tile": 16,  # a transposing copy is done in square tiles of this side
     "mm_rows": 8,  # matmul micro-kernel height MR (rows of A broadcast per k)
     "mm_col_vectors": 2,
     "conv_out_channels": 8,  # conv2d tile: output channels (a broadcast weight each) ...

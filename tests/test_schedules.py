@@ -189,3 +189,16 @@ def test_vector_erf_matches_math_erf():
     ref = np.array([math.erf(float(v)) for v in xv])
     np.testing.assert_allclose(out[~np.isnan(xv)], ref[~np.isnan(xv)], rtol=0, atol=3e-7)  # measured 2.4e-7
     assert np.isnan(out[7])
+
+
+@pytest.mark.parametrize("shape,perm", [((64, 48), [1, 0]), ((2, 32, 16), [0, 2, 1]), ((3, 5, 7), [0, 2, 1])])
+def test_transposes_numerics(shape, perm):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.permute_dims(x, perm))
+        bb.emit_func_output(out)
+    xv = np.random.default_rng(5).standard_normal(shape).astype("float32")
+    for fusion in ("none", "tvmfuse"):
+        np.testing.assert_array_equal(tvmfuse.build(bb.get(), "llvm", fusion)(xv), xv.transpose(perm))
