@@ -162,6 +162,13 @@ def test_tuning_curves_section(monkeypatch):
     assert "not available" in report.tuning_curves("some/logs", "llvm")
 
 
+def test_tuning_curves_of_empty_logs(tmp_path):
+    """The real tvmfuse.tuning.curves on a folder without records: the section says so."""
+    pytest.importorskip("tvmfuse.tuning")
+    note = report.tuning_curves(str(tmp_path), "llvm")
+    assert isinstance(note, str) and str(tmp_path) in note
+
+
 def test_cli_report_and_graph(tmp_path, capsys):
     out = tmp_path / "r.html"
     assert cli.main(["report", "--model", "softmax_chain", "--repeat", "3", "--out", str(out)]) == 0
