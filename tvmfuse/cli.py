@@ -12,7 +12,7 @@ import sys
 def _report(args) -> int:
     from . import report, workloads
 
-    names = workloads.names() if args.model == "all" else [workloads.get(n).name for n in args.model.split(",")]
+    names = workloads.names() if args.model == "all" else [n.strip() for n in args.model.split(",") if n.strip()]
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     path = report.run(names, args.size, args.target, args.out, logs=args.logs, variants=variants,
                       repeat=args.repeat, progress=lambda n: print(f"[report] {n}", file=sys.stderr))
@@ -21,11 +21,11 @@ def _report(args) -> int:
 
 
 def _graph(args) -> int:
-    from . import viz, workloads
+    from . import report, viz
 
-    w = workloads.get(args.model, args.size)
+    w = report._load(args.model, args.size)
     fg = viz.fusion_graph(w.mod)
-    title = f"{w.name} [{args.size}]"
+    title = f"{getattr(w, 'name', args.model)} [{args.size}]"
     (viz.draw_kernels if args.kernels else viz.draw)(fg, args.out, title=title)
     print(f"wrote {args.out}: {len(fg.ops())} ops, {len(fg.groups)} kernels planned, "
           f"{len(fg.refused)} refused merges")
@@ -36,8 +36,8 @@ def _subcommands(sub):
     from . import workloads
 
     r = sub.add_parser("report", help="measure workloads and write one self-contained HTML report")
-    r.add_argument("--model", default="all", help=f"zoo workload(s), comma-separated, or 'all' (default). "
-                                                   f"Known: {', '.join(workloads.names())}")
+    r.add_argument("--model", default="all", help="zoo workloads, real models or model files, comma-separated, "
+                                                   f"or 'all' zoo workloads (default). Zoo: {', '.join(workloads.names())}")
     r.add_argument("--size", default="small", choices=workloads.SIZES, help="shape set (default: small)")
     r.add_argument("--target", default="llvm", help="llvm (default) or cuda (compile-only without a GPU)")
     r.add_argument("--variants", default="none,tvm,tvmfuse", help="comma-separated fusion variants")
@@ -46,7 +46,7 @@ def _subcommands(sub):
     r.add_argument("--out", default="report.html", help="HTML file to write (default: report.html)")
     r.set_defaults(func=_report)
     g = sub.add_parser("graph", help="draw a zoo workload's op graph with its fused groups (SVG, or PNG)")
-    g.add_argument("--model", required=True, help="zoo workload name")
+    g.add_argument("--model", required=True, help="zoo workload, real model or model file")
     g.add_argument("--size", default="small", choices=workloads.SIZES)
     g.add_argument("--kernels", action="store_true", help="draw the kernel graph after fusion instead")
     g.add_argument("--out", default="graph.svg", help="output file, .svg or .png (default: graph.svg)")

@@ -47,6 +47,7 @@ class Entry:
     inputs: list | None = None  # numpy inputs; None: no per-kernel profile
     profiles: dict = field(default_factory=dict)  # variant -> kernel_profile rows (filled by `profile`)
     knobs: dict = field(default_factory=dict)  # fusion knobs of the tvmfuse variant
+    tuning_logs: str | None = None  # where "X+tuned" variants find their schedules
 
 
 def profile(entry: Entry, target, variants=None, runs: int = 5) -> Entry:
@@ -57,10 +58,13 @@ def profile(entry: Entry, target, variants=None, runs: int = 5) -> Entry:
     if entry.inputs is None:
         return entry
     for v in variants or [r.variant for r in entry.comparison.rows]:
+        base, _, tuned = v.partition("+")  # "tvmfuse+tuned": tvmfuse with the tuned schedules
+        kw = dict(entry.knobs) if base == "tvmfuse" else {}
+        if tuned:
+            kw["tuning_logs"] = entry.tuning_logs or "tuning_logs"
         try:
-            c = build(entry.mod, target, v, **(entry.knobs if v == "tvmfuse" else {}))
-            entry.profiles[v] = kernel_profile(c, entry.inputs, runs=runs)
-        except TvmfuseError as err:  # e.g. no device for the target here
+            entry.profiles[v] = kernel_profile(build(entry.mod, target, base, **kw), entry.inputs, runs=runs)
+        except (TvmfuseError, ValueError, TypeError) as err:  # no device here, unknown variant, ...
             entry.profiles[v] = str(err)
     return entry
 
@@ -193,6 +197,7 @@ def comparison_html(cmp) -> str:
 def _kernel_groups(entry, fg, variant, row):
     """(group kind, ops inside) of one profiled kernel, from the vars it writes."""
     G = fg.graph
+    variant = variant.partition("+")[0]
     if variant == "tvm":  # FuseOps renames main's vars: only the kernel name tells its ops
         return "TVM FuseOps" if row["name"].startswith("fused_") else "single op", "(ops in the name)"
     nodes = list(dict.fromkeys(fg.var_node[o] for o in row["outputs"] if o in fg.var_node))
@@ -295,38 +300,48 @@ def write(path, entries, target="llvm", curves=None, title="tvmfuse fusion repor
     return path
 
 
+def _load(name, size):
+    """A zoo workload, or anything tvmfuse.frontends.load_model knows (real models, model files)."""
+    try:
+        from .frontends import load_model
+    except ImportError:  # pragma: no cover - frontends not installed
+        from .workloads import get as load_model
+    return load_model(name, size)
+
+
 def run(models, size="small", target="llvm", out="report.html", logs=None,
         variants=("none", "tvm", "tvmfuse"), repeat=5, progress=None) -> str:
-    """Measure zoo workloads (`models`: names) and write the report: what `tvmfuse report` runs."""
+    """Measure workloads (`models`: zoo names, real models or model files) and write the report:
+    what `tvmfuse report` runs. Variants "X+tuned" take their schedules from `logs`."""
     import tvm
 
-    from . import workloads
     from .compare import compare
     from .target import resolve
 
     tgt = resolve(target)
     can_run = tgt.kind.name != "cuda" or tvm.cuda(0).exist
     entries = []
+    tuned = {"tuning_logs": logs} if any("+" in v for v in variants) else {}
     for name in models:
-        w = workloads.get(name, size)
+        w = _load(name, size)
         if progress:
             progress(name)
         ins = w.inputs()
         cmp = compare(w.mod, ins, tgt, variants, reference=w.reference(*ins) if can_run else None,
-                      name=f"{name} [{size}]", rtol=w.rtol, atol=w.atol, run=can_run, repeat=repeat)
+                      name=f"{name} [{size}]", rtol=w.rtol, atol=w.atol, run=can_run, repeat=repeat, **tuned)
         cmp.target = target
-        entries.append(profile(Entry(cmp.name, w.mod, cmp, ins if can_run else None), tgt))
+        entries.append(profile(Entry(cmp.name, w.mod, cmp, ins if can_run else None, tuning_logs=logs), tgt))
     return write(out, entries, target, tuning_curves(logs, target))
 
 
 def from_comparisons(path, names, size, comparisons, target="llvm", logs=None, run=True) -> str:
     """The report for zoo workloads already measured (scripts/tune.py --report): adds the graphs and
     the per-kernel profiles (each variant built once more) to the given Comparisons."""
-    from . import workloads
     from .target import resolve
 
     entries = []
     for name, cmp in zip(names, comparisons):
-        w = workloads.get(name, size)
-        entries.append(profile(Entry(cmp.name, w.mod, cmp, w.inputs() if run else None), resolve(target)))
+        w = _load(name, size)
+        entry = Entry(cmp.name, w.mod, cmp, w.inputs() if run else None, tuning_logs=logs)
+        entries.append(profile(entry, resolve(target)))
     return write(path, entries, str(cmp.target) if comparisons else str(target), tuning_curves(logs, target))
