@@ -2,6 +2,7 @@
 
   tvmfuse report --model NAME|all --size small|bench --target llvm --out report.html [--logs DIR]
   tvmfuse graph  --model NAME --out graph.svg [--kernels]
+  tvmfuse bench  [--workloads ...] [--systems ...] [--quick] [--logs DIR]   (= scripts/bench.py)
 """
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def _subcommands(sub):
     g.add_argument("--kernels", action="store_true", help="draw the kernel graph after fusion instead")
     g.add_argument("--out", default="graph.svg", help="output file, .svg or .png (default: graph.svg)")
     g.set_defaults(func=_graph)
+    from . import bench_cli
+
+    b = sub.add_parser("bench", help="the zoo across none/tvm/tvmfuse and the peers, with the roofline")
+    bench_cli.add_arguments(b)
+    b.set_defaults(func=bench_cli.run)
 
 
 def main(argv=None) -> int:

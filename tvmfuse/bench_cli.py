@@ -1,0 +1,93 @@
+"""`scripts/bench.py` and `tvmfuse bench`: the command line of the side-by-side benchmark.
+
+Benchmark the zoo side by side: no fusion, TVM's stock fusion, tvmfuse (untuned, and tuned with
+--logs), ONNX Runtime, PyTorch eager, torch.compile and numpy, all measured in one run with the
+systems interleaved round by round and the same thread count for all. Prints the table (median ms
+per call, launches, ratios, numerics checked against numpy), the geometric means, and the
+roofline: memory bandwidth and matmul throughput measured in the same run, each memory-bound
+workload's latency as a multiple of its bandwidth bound, GFLOP/s of the compute-heavy ones.
+--quick: small shapes, few rounds, no roofline (a smoke run).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+
+def quiet_runtimes():
+    """Several runtimes share the process and its cores: each must sleep, not spin, while another
+    runs, or its idle workers steal the cores (PyTorch eager measured 40 ms instead of 0.5 ms that
+    way). Call before TVM, PyTorch or ONNX Runtime start their thread pools."""
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", "0")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def add_arguments(ap):
+    from . import bench, workloads
+
+    ap.add_argument("--workloads", default="all", help=f"comma-separated, or all: {', '.join(workloads.names())}")
+    ap.add_argument("--size", default="bench", choices=workloads.SIZES)
+    ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
+    ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
+    ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
+    ap.add_argument("--logs", metavar="DIR", help="tuning logs: adds the tvm+tuned and tvmfuse+tuned systems")
+    ap.add_argument("--no-roofline", action="store_true", help="skip the bandwidth/peak measurements")
+    ap.add_argument("--quick", action="store_true", help="small shapes, 3 rounds of 0.02 s, no roofline")
+    ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
+    ap.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
+
+
+def run(args):
+    quiet_runtimes()
+    from tqdm import tqdm
+
+    from . import bench, workloads
+    from .errors import TvmfuseError
+    from .target import resolve
+
+    if args.quick:
+        args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.logs:
+        systems += [s for s in bench.TUNED if s not in systems]
+    bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
+    names = workloads.names() if args.workloads == "all" else [n.strip() for n in args.workloads.split(",")]
+    try:
+        if bad:
+            raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS + bench.TUNED)}")
+        if args.logs and not os.path.isdir(args.logs):
+            raise TvmfuseError(f"--logs {args.logs!r} is not a folder; tune first (scripts/tune.py --trials N --logs DIR)")
+        for n in names:
+            workloads.get(n, args.size)
+    except TvmfuseError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    t0 = time.time()
+    rows = []
+    for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
+        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, logs=args.logs))
+    table = bench.summary(rows, systems)
+    if not args.no_roofline:
+        from . import roofline
+
+        table += "\n\n" + bench.roofline_table(rows, args.size, systems, roofline.bandwidth_gbs(),
+                                               roofline.matmul_peak_gflops(), roofline.last_level_cache_bytes())
+    target = resolve("llvm")
+    header = (f"target {target}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
+              f"{time.time() - t0:.0f}s in all")
+    print(header + "\n\n" + table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"target": str(target), "size": args.size, "rounds": args.rounds,
+                       "rows": [r.as_dict() for r in rows]}, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    wrong = [r.workload for r in rows if not all(r.ok.values())]
+    if wrong:
+        print(f"error: outputs differ from the reference on {wrong}", file=sys.stderr)
+        return 1
+    return 0
+
