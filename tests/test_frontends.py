@@ -15,12 +15,6 @@ from tvmfuse.errors import FrontendError, InputError  # noqa: E402
 MODELS = models.names()
 VARIANTS = ("none", "tvm", "tvmfuse")
 
-# tvmfuse bug (te_compose._recording_call_te): topi.split returns a tvm_ffi.Array, which is not
-# unpacked into its tensors, so `TupleGetItem(split, 1)` in a fused group raises IndexError.
-# GPT-2 splits c_attn's output into q, k, v. Remove the mark when te_compose is fixed.
-SPLIT_BUG = pytest.mark.xfail(raises=IndexError, strict=False,
-                              reason="tvmfuse te_compose: R.split inside a fused group (tvm_ffi.Array not unpacked)")
-
 _CACHE = {}
 
 
@@ -38,8 +32,7 @@ def built(name, variant):
 
 
 def _case(name, variant):
-    marks = [SPLIT_BUG] if (name, variant) == ("gpt2-tiny", "tvmfuse") else []
-    return pytest.param(name, variant, marks=marks, id=f"{name}-{variant}")
+    return pytest.param(name, variant, id=f"{name}-{variant}")
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -58,7 +51,7 @@ def test_real_model_matches_framework(name, variant):
     np.testing.assert_allclose(out, w.reference(*w.inputs()), rtol=w.rtol, atol=w.atol)
 
 
-@pytest.mark.parametrize("name", [n if n != "gpt2-tiny" else pytest.param(n, marks=SPLIT_BUG) for n in MODELS])
+@pytest.mark.parametrize("name", MODELS)
 def test_real_model_launches_tvmfuse_le_tvm(name):
     none, tvm_, ours = (built(name, v).launches for v in VARIANTS)
     assert ours <= tvm_ < none

@@ -157,3 +157,24 @@ def test_explain_names_every_group_and_refused_edge():
 def test_fused_matches_unfused(name):
     w = workloads.get(name)
     assert_matches(built(name, "tvmfuse")(*w.inputs()), built(name, "none")(*w.inputs()), w.rtol, w.atol)
+
+
+def test_split_inside_a_fused_group():
+    """topi.split returns a tvm_ffi.Array; te_compose must unpack it (GPT-2's q/k/v split)."""
+    import numpy as np
+    from tvm import relax
+
+    import tvmfuse
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 192), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            parts = bb.emit(relax.op.split(x, [64, 128], axis=2))
+            a, b, c = (bb.emit(relax.TupleGetItem(parts, i)) for i in range(3))
+            out = bb.emit_output(relax.op.add(bb.emit(relax.op.multiply(a, b)), c))
+        bb.emit_func_output(out)
+    xv = np.random.default_rng(0).standard_normal((1, 16, 192)).astype("float32")
+    c_ = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    np.testing.assert_allclose(c_(xv), xv[..., :64] * xv[..., 64:128] + xv[..., 128:], rtol=1e-5, atol=1e-6)
+    assert c_.launches == 1

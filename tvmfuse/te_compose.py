@@ -40,7 +40,7 @@ def _recording_call_te(self, func, *args, **kwargs):
     te_args = [env.convert(a) for a in args]
     te_kwargs = {k: env.convert(v) for k, v in kwargs.items()}
     out = func(*te_args, **te_kwargs)
-    return _Recorded(list(out) if isinstance(out, (list, tuple)) else [out])
+    return _Recorded(list(out) if isinstance(out, (list, tuple, tvm_ffi.Array)) else [out])
 
 
 class OpToTE:
