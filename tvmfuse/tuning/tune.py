@@ -143,7 +143,14 @@ class _Session:
             return res
         deadline = None if left_time is None else time.time() + left_time
         cb = _Progress(bar, t.name, deadline, _best_ms(self.db, t.mod), goal - done)
-        self.run_ms(t, goal - done, cb)
+        try:
+            self.run_ms(t, goal - done, cb)
+        except Exception as err:  # noqa: BLE001 - MetaSchedule bugs on one kernel must not stop the run
+            msg = str(err).strip().splitlines()
+            log.warning("MetaSchedule failed on %s; it keeps its default schedule: %s", t.name,
+                        next((ln for ln in msg if "Error" in ln), msg[0] if msg else type(err).__name__)[:300])
+            res.skipped, res.trials_run = "MetaSchedule error", cb._inst.trials
+            return res
         res.trials_run = cb._inst.trials
         # cut by the clock: continue next time; otherwise the budget (or the search space) is done
         res.trials_total = done + res.trials_run if cb._inst.stopped else goal
