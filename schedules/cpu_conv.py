@@ -41,15 +41,19 @@ class Conv2D(ScheduleRule):
             return None
         if operands_of_reduction(sch, conv.block_rv) < 2:  # a row sum over 3-d rows, not a conv
             return None
+        epilogue = [i.block_rv for i in infos[infos.index(conv) + 1:]]
+        if is_output(sch, conv.block_rv):  # a bare conv: accumulate on chip, the store is the epilogue
+            epilogue = [sch.cache_write(conv.block_rv, 0, "global")]
         v = lanes(block_bits(sch, conv.block_rv))
         by_channel = extent(sch, sch.get_loops(conv.block_rv)[-n_red - 3]) % v == 0
-        tile = (_channel_tile if by_channel else _tile)(sch, conv.block_rv, n_red)
+        tile = _channel_tile(sch, conv.block_rv, n_red) if by_channel else None
+        tile = tile or _tile(sch, conv.block_rv, n_red)
         if tile is None:
             return None
         at, rc = tile
-        for info in infos[infos.index(conv) + 1:]:  # the epilogue joins the tile
-            sch.reverse_compute_at(info.block_rv, at, preserve_unit_loops=True)
-            _vectorize_last(sch, info.block_rv)
+        for b in epilogue:  # the epilogue joins the tile
+            sch.reverse_compute_at(b, at, preserve_unit_loops=True)
+            _vectorize_last(sch, b)
         sch.decompose_reduction(conv.block_rv, rc)
         for info in infos[: infos.index(conv)]:  # the padded input: its own parallel loops
             schedule_spatial(sch, info)
@@ -73,8 +77,8 @@ def _channel_tile(sch, conv, n_red):
     owb = _widest_divisor(extent(sch, ow), CPU["conv_columns"])
     if owb < 2:
         return None
-    if is_output(sch, conv) or len(sch.get(conv).writes[0].source.shape) != 4:
-        return None  # the tile needs an on-chip accumulator it can lay out channel-last
+    if len(sch.get(conv).writes[0].source.shape) != 4:
+        return None  # the channel-last accumulator layout below is for NCHW
     _pack_channels(sch, conv, v, n_red)
     # the accumulator tile channel-last, so one output column of channels is one register
     sch.transform_layout(conv, ("write", 0), lambda n, o, h, w_: (n, o // v, h, w_, o % v))

@@ -202,3 +202,20 @@ def test_transposes_numerics(shape, perm):
     xv = np.random.default_rng(5).standard_normal(shape).astype("float32")
     for fusion in ("none", "tvmfuse"):
         np.testing.assert_array_equal(tvmfuse.build(bb.get(), "llvm", fusion)(xv), xv.transpose(perm))
+
+
+@pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
+def test_bare_conv_takes_the_conv_rule(fusion):
+    """A conv that is its own kernel (its output the function's) still gets the conv tile."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 16, 14, 14), "float32"))
+    w = relax.Var("w", relax.TensorType((32, 16, 3, 3), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=(1, 1)))
+        bb.emit_func_output(out)
+    c = tvmfuse.build(bb.get(), "llvm", fusion)
+    assert "cpu.Conv2D" in _rules(c).values()
+    rng = np.random.default_rng(6)
+    xv, wv = rng.standard_normal((1, 16, 14, 14)).astype("float32"), rng.standard_normal((32, 16, 3, 3)).astype("float32")
+    np.testing.assert_allclose(c(xv, wv), workloads._conv2d_nchw(xv, wv, pad=1), rtol=1e-4, atol=1e-4)
