@@ -58,14 +58,17 @@ def runner(evaluator_config, rpc: tuple[str, str] | None = None, session_timeout
 
 
 def check_tracker(rpc: tuple[str, str]) -> int:
-    """Number of idle servers under the key; raises ConnectionError if the tracker cannot be reached."""
+    """Number of idle servers under the key; raises DeviceUnavailableError if the tracker is unreachable."""
     import tvm.rpc
 
     host, port = parse_addr(rpc[0])
     try:
         summary = tvm.rpc.connect_tracker(host, port).summary()
     except Exception as err:  # noqa: BLE001 - tvm raises plain RuntimeError/TVMError here
-        raise ConnectionError(f"cannot reach the RPC tracker at {rpc[0]}: {err}") from None
+        from ..errors import DeviceUnavailableError
+
+        raise DeviceUnavailableError(f"cannot reach the RPC tracker at {rpc[0]}: {str(err).splitlines()[-1]}. "
+                                     "Start it with `python -m tvm.exec.rpc_tracker --host HOST --port PORT`") from None
     q = summary.get("queue_info", {}).get(rpc[1], {})
     return int(q.get("free", 0))
 
