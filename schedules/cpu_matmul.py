@@ -47,9 +47,13 @@ class Matmul(ScheduleRule):
             sch.reverse_compute_at(sch.cache_write(mm, 0, "global"), outer_rows, preserve_unit_loops=True)
             _vectorize_tile(sch, sch.get_consumers(mm)[0], outer_rows)
         for info in after:  # the epilogue joins the tile, in program order
-            if info is not None:
+            if info is None:
+                continue
+            try:
                 sch.reverse_compute_at(info.block_rv, outer_rows, preserve_unit_loops=True)
                 _vectorize_tile(sch, info.block_rv, outer_rows)
+            except s_tir.ScheduleError:  # it also reads a sibling output computed outside the tile
+                schedule_spatial(sch, info)
         sch.decompose_reduction(mm, k)
         for info in before:  # packed operand copies: their own parallel, vectorized loops
             schedule_spatial(sch, info)

@@ -178,3 +178,28 @@ def test_split_inside_a_fused_group():
     c_ = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
     np.testing.assert_allclose(c_(xv), xv[..., :64] * xv[..., 64:128] + xv[..., 128:], rtol=1e-5, atol=1e-6)
     assert c_.launches == 1
+
+
+def test_bias_add_through_a_reshape_is_not_recomputed_inside_a_matmul():
+    """add -> reshape -> permute -> matmul: the add would run once per reduction step (the layout
+    ops between only remap indices), so profitability refuses it with its reason."""
+    import logging
+
+    from tvm import relax
+
+    import tvmfuse
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 32), "float32"))
+    b = relax.Var("b", relax.TensorType((32,), "float32"))
+    w = relax.Var("w", relax.TensorType((2, 16, 8), "float32"))
+    with bb.function("main", [x, b, w]):
+        with bb.dataflow():
+            a = bb.emit(relax.op.add(x, b))
+            r = bb.emit(relax.op.permute_dims(bb.emit(relax.op.reshape(a, (16, 2, 16))), [1, 0, 2]))
+            out = bb.emit_output(relax.op.matmul(r, w))
+        bb.emit_func_output(out)
+    text = tvmfuse.explain(bb.get())
+    assert "would be recomputed inside compute-heavy" in text
+    groups = [line for line in text.splitlines() if line.strip().startswith("group")]
+    assert not any("add" in g and "matmul" in g for g in groups), text

@@ -2,8 +2,9 @@
 
 score = bytes of global traffic saved - bytes of recompute added. An edge inside the merged group
 saves the consumer's read of the tensor, and its write when nothing outside uses it; siblings save
-the second read of their shared input. An elementwise producer inlined into a compute-heavy
-consumer is recomputed once per reduction step: refused unless allow_recompute.
+the second read of their shared input. An elementwise producer that ends up upstream of a
+compute-heavy op of the merged group (directly, or through layout ops such as reshape/permute
+that only remap its indices) is recomputed once per reduction step: refused unless allow_recompute.
 """
 from __future__ import annotations
 
@@ -11,9 +12,24 @@ from ..classify import BROADCAST, COMPUTE, ELEMENTWISE
 from ..relax_utils import tensor_bytes
 
 
+def _feeds_anchor(g, merged):
+    """Members of `merged` with a path, inside it, to one of its compute-heavy ops."""
+    up = {i for i in merged if g.by_idx[i].cls == COMPUTE}
+    anchors = set(up)
+    grew = True
+    while grew:
+        grew = False
+        for m in merged - up:
+            if g.users[m] & up:
+                up.add(m)
+                grew = True
+    return up - anchors
+
+
 def score(g, a: set, b: set, knobs, shared_inputs=()):
     merged = a | b
     saved = 0
+    upstream = _feeds_anchor(g, merged)
     for src, dst in ((a, b), (b, a)):
         for p in src:
             crossing = g.users[p] & dst
@@ -24,10 +40,11 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
             if not g.external_uses[p] and not (g.users[p] - merged):
                 saved += nbytes  # and no write at all
             n = g.by_idx[p]
-            if n.cls in (ELEMENTWISE, BROADCAST) and any(g.by_idx[c].cls == COMPUTE for c in crossing):
+            if n.cls in (ELEMENTWISE, BROADCAST) and p in upstream:
                 if not knobs["allow_recompute"]:
+                    anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
                     return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy "
-                                  f"{g.by_idx[next(iter(crossing))].name} (allow_recompute=False)")
+                                  f"{anchor} (allow_recompute=False)")
                 saved -= nbytes  # the producer's read is traded for recomputation, not saved
     saved += sum(tensor_bytes(v.ty) for v in shared_inputs)
     if saved <= 0:
