@@ -30,6 +30,13 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
     merged = a | b
     saved = 0
     upstream = _feeds_anchor(g, merged)
+    recomputed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
+                  if g.by_idx[i].cls in (ELEMENTWISE, BROADCAST)]
+    if recomputed and not knobs["allow_recompute"]:
+        anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
+        n = recomputed[0]
+        return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy {anchor} "
+                      "(allow_recompute=False)")
     for src, dst in ((a, b), (b, a)):
         for p in src:
             crossing = g.users[p] & dst
@@ -41,10 +48,6 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
                 saved += nbytes  # and no write at all
             n = g.by_idx[p]
             if n.cls in (ELEMENTWISE, BROADCAST) and p in upstream:
-                if not knobs["allow_recompute"]:
-                    anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
-                    return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy "
-                                  f"{anchor} (allow_recompute=False)")
                 saved -= nbytes  # the producer's read is traded for recomputation, not saved
     saved += sum(tensor_bytes(v.ty) for v in shared_inputs)
     if saved <= 0:
