@@ -41,3 +41,12 @@ def test_bench_rejects_unknown_system_and_workload():
 def test_bench_with_logs_that_are_not_a_folder_says_so(tmp_path):
     p = _run("--quick", "--logs", str(tmp_path / "nope"))
     assert p.returncode == 2 and "is not a folder" in p.stderr
+
+
+def test_bench_runs_a_real_model(tmp_path):
+    out = tmp_path / "m.json"
+    p = _run("--quick", "--workloads", "resnet-tiny", "--systems", "tvm,tvmfuse,torch,numpy", "--json", str(out))
+    assert p.returncode == 0, p.stderr
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["ms"]) == {"tvm", "tvmfuse", "torch"} and all(row["ok"].values())
+    assert row["skipped"] == {"numpy": "not wired for real models"}

@@ -71,6 +71,12 @@ def _callables(w, systems, target, threads, logs=None):
             vm, args = c.vm(), c.convert_inputs(x)
             f = vm["main"]
             out[s] = (lambda f=f, args=args: f(*args), c(*x), c.launches)
+        elif not isinstance(w, workloads.Workload):  # a real model (tvmfuse.models)
+            call = _model_peer(w, s, x)
+            if call is None:
+                skipped[s] = "not wired for real models"
+                continue
+            out[s] = (call, call(), None)
         elif s == "onnxruntime":
             if baselines.onnx_model(w) is None:
                 skipped[s] = "no ONNX form"
@@ -89,6 +95,29 @@ def _callables(w, systems, target, threads, logs=None):
     return out, skipped, compile_s
 
 
+def _model_peer(m, system, x):
+    """The peers of a real model: its framework's own forward ("torch"; for the ONNX export,
+    "onnxruntime" is its reference session). None where the model has no such form."""
+    if system == "torch" and m.eager is not None:
+        return lambda: _as_numpy(m.eager(*x))
+    if system == "onnxruntime" and m.name.endswith("-onnx"):
+        return lambda: m.reference(*x)
+    return None
+
+
+def _as_numpy(out):
+    if isinstance(out, (tuple, list)):
+        return tuple(_as_numpy(o) for o in out)
+    return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
+
+
+def _load(name, size):
+    """A zoo workload, or a real model from tvmfuse.models (bert-tiny, gpt2-tiny, ...)."""
+    from . import models
+
+    return models.get(name, size) if name in models.names() else workloads.get(name, size)
+
+
 def _time(call, budget_s):
     """Per-call seconds: as many calls as fit in budget_s (at least 1), after one warm-up."""
     call()
@@ -102,7 +131,7 @@ def _time(call, budget_s):
 
 
 def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None):
-    w = workloads.get(name, size)
+    w = _load(name, size)
     t = resolve(target)
     calls, skipped, compile_s = _callables(w, systems, t, int(t.attrs.get("num-cores", num_cores())), logs)
     ref = w.reference(*w.inputs())
@@ -183,6 +212,8 @@ def roofline_table(rows, size, systems, bandwidth, peak_gflops, llc):
              "", "| workload | minimal MB | cache-resident | bound ms | "
              + " | ".join(f"{s}" for s in systems) + " |", "|" + "---|" * (len(systems) + 4)]
     for r in rows:
+        if r.workload not in workloads.names():
+            continue  # real models: no minimal-bytes model here
         w = workloads.get(r.workload, size)
         nbytes, fl = roofline.minimal_bytes(w), roofline.flops(w)
         bound = nbytes / gbs / 1e6

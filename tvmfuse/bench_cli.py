@@ -27,7 +27,11 @@ def quiet_runtimes():
 def add_arguments(ap):
     from . import bench, workloads
 
-    ap.add_argument("--workloads", default="all", help=f"comma-separated, or all: {', '.join(workloads.names())}")
+    from . import models
+
+    ap.add_argument("--workloads", default="all",
+                    help=f"comma-separated names, or all (the zoo), models (the real models) or everything. "
+                         f"Zoo: {', '.join(workloads.names())}. Models: {', '.join(models.names())}")
     ap.add_argument("--size", default="bench", choices=workloads.SIZES)
     ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
@@ -53,14 +57,18 @@ def run(args):
     if args.logs:
         systems += [s for s in bench.TUNED if s not in systems]
     bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
-    names = workloads.names() if args.workloads == "all" else [n.strip() for n in args.workloads.split(",")]
+    from . import models
+
+    groups = {"all": workloads.names(), "models": models.names(), "everything": workloads.names() + models.names()}
+    names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
     try:
         if bad:
             raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS + bench.TUNED)}")
         if args.logs and not os.path.isdir(args.logs):
             raise TvmfuseError(f"--logs {args.logs!r} is not a folder; tune first (scripts/tune.py --trials N --logs DIR)")
         for n in names:
-            workloads.get(n, args.size)
+            if n not in models.names():
+                workloads.get(n, args.size)
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
