@@ -31,12 +31,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--resume", action="store_true",
                    help="top every kernel up to --trials in total (finished kernels cost nothing); "
                         "without it each run adds --trials more")
+    g.add_argument("--recheck", action="store_true",
+                   help="measure tuned vs default again for finished kernels (after a machine or code change)")
     g.add_argument("--rpc-tracker", metavar="HOST:PORT", help="measure on TVM RPC servers through this tracker")
     g.add_argument("--rpc-key", metavar="KEY", help="device key the RPC servers registered under")
 
 
 def requested(args) -> bool:
-    return bool(args.trials or args.time_budget or args.logs)
+    return bool(args.trials or args.time_budget or args.logs or args.recheck)
 
 
 def tuned_variants(variants: tuple[str, ...]) -> tuple[str, ...]:
@@ -65,7 +67,7 @@ def run(workloads_, size, target, variants, args) -> dict:
     _check_device(target, rpc)
     args.logs = args.logs or DEFAULT_LOGS
     bases = [v.split("+")[0] for v in variants if v.endswith("+tuned")]
-    if not (args.trials or args.time_budget):
+    if not (args.trials or args.time_budget or getattr(args, "recheck", False)):
         return {}
     jobs = [(n, b) for n in workloads_ for b in bases]
     t0, out = time.time(), {}
@@ -79,8 +81,9 @@ def run(workloads_, size, target, variants, args) -> dict:
         from .. import workloads
 
         w = workloads.get(name, size)
-        res = tune(w.mod, target, base, trials=args.trials, time_budget=budget, logs=args.logs,
-                   resume=args.resume, rpc=rpc, name=f"{name} [{base}]")
+        res = tune(w.mod, target, base, trials=args.trials or 0, time_budget=budget, logs=args.logs,
+                   resume=args.resume or not args.trials, rpc=rpc, name=f"{name} [{base}]",
+                   recheck=getattr(args, "recheck", False))
         tqdm.write(str(res), file=sys.stderr)
         out[(name, base)] = res
     return out

@@ -35,6 +35,8 @@ from .keys import target_dir
 
 log = logging.getLogger("tvmfuse.tuning")
 
+MARGIN = 0.03  # a tuned record must beat the default schedule by 3% to be applied (timing noise)
+
 
 @dataclass
 class TaskResult:
@@ -70,8 +72,9 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
          time_budget: float | None = None, logs: str = "tuning_logs", resume: bool = True,
          rpc: tuple[str, str] | None = None, num_trials_per_iter: int = 8, seed: int | None = 0,
          population_size: int = 256, progress: bool = True, name: str = "", knobs: dict | None = None,
-         evaluator_config=None) -> TuneResult:
-    """Tune `mod` under `fusion` for `target`; records go to `<logs>/<target key>/`."""
+         evaluator_config=None, recheck: bool = False) -> TuneResult:
+    """Tune `mod` under `fusion` for `target`; records go to `<logs>/<target key>/`.
+    `recheck`: measure tuned vs default again for tasks that are already finished."""
     t_start = time.time()
     target = resolve(target)
     _check_device(target, rpc)
@@ -86,14 +89,15 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
     bar = _bar(len(tasks), name or fusion, progress)
     order = sorted(range(len(tasks)), key=lambda i: -shares[i])
     for n_done, i in enumerate(order):
-        want = _share(trials, shares[i]) if trials else 10**6
+        want = _share(trials, shares[i]) if trials else (10**6 if time_budget else 0)
         left_time = None if deadline is None else (deadline - time.time()) * shares[i] / sum(
             shares[j] for j in order[n_done:])
         res = s.tune_task(tasks[i], want, resume, left_time, bar)
         result.tasks.append(res)
         bar.update(1)
     bar.close()
-    s.decide([(tasks[i], r) for i, r in zip(order, result.tasks) if r.trials_run or r.key in s.undecided])
+    s.decide([(tasks[i], r) for i, r in zip(order, result.tasks)
+              if r.trials_run or r.key in s.undecided or (recheck and r.trials_total)])
     result.wall_s = time.time() - t_start
     return result
 
@@ -106,6 +110,7 @@ class _Session:
         self.population_size = population_size
         self.db = DurableDatabase(folder)
         self.builder = rpc_mod.builder()
+        self.exact_builder = rpc_mod.builder(exact=True)
         self.runner = rpc_mod.runner(evaluator_config or rpc_mod.evaluator(), rpc)
         self.state = decisions.load(folder)
         self.unsaved: set[str] = set()
@@ -119,7 +124,7 @@ class _Session:
         missing = [t for t in tasks if t.key not in self.state or self.state[t.key].default_ms is None]
         if missing:
             secs = measure.measure([measure.default_scheduled(t.mod, self.target) for t in missing], self.target,
-                                   self.builder, self.runner)
+                                   self.exact_builder, self.runner)
             for t, sec in zip(missing, secs):
                 old = self.state.get(t.key)
                 self.state[t.key] = decisions.Decision(t.key, t.name, old.trials if old else 0,
@@ -179,13 +184,13 @@ class _Session:
             sch = self.db.query_schedule(task.mod, target=self.target, workload_name="main")
             mods.append(sch.mod if sch is not None and _best_ms(self.db, task.mod) is not None else None)
             mods.append(measure.default_scheduled(task.mod, self.target))
-        secs = measure.measure(mods, self.target, self.builder, self.runner) if pairs else []
+        secs = measure.measure(mods, self.target, self.exact_builder, self.runner) if pairs else []
         for k, (task, res) in enumerate(pairs):
             d, (tuned_s, default_s) = self.state[task.key], secs[2 * k: 2 * k + 2]
             if default_s is not None:
                 d.default_ms = default_s * 1e3
             d.tuned_ms = None if tuned_s is None else tuned_s * 1e3
-            d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s)
+            d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s * (1 - MARGIN))
             res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
             decisions.save(self.folder, d)
 
