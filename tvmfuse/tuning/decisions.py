@@ -30,6 +30,8 @@ class Decision:
     use_tuned: bool
     target: str = ""
     time: str = ""
+    weight_ms: float | None = None  # the default's latency when first seen: splits the budget, never updated,
+    # so a rerun asks each task for the same number of trials
 
     @staticmethod
     def from_dict(d: dict) -> "Decision":

@@ -15,6 +15,7 @@ Contract
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
-from tvm.s_tir.meta_schedule.logging import get_loggers_from_work_dir
 from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 from tvm.ir.utils import derived_object
 
@@ -121,17 +121,20 @@ class _Session:
         so a rerun splits the budget the same way."""
         for t in tasks:
             t.key = workload_key(t.mod)
-        missing = [t for t in tasks if t.key not in self.state or self.state[t.key].default_ms is None]
+        for t in tasks:
+            d = self.state.get(t.key)
+            if d is not None and d.weight_ms is None and d.default_ms is not None:
+                d.weight_ms = d.default_ms  # logs written before weight_ms existed
+        missing = [t for t in tasks if t.key not in self.state or self.state[t.key].weight_ms is None]
         if missing:
             secs = measure.measure([measure.default_scheduled(t.mod, self.target) for t in missing], self.target,
                                    self.exact_builder, self.runner)
             for t, sec in zip(missing, secs):
-                old = self.state.get(t.key)
-                self.state[t.key] = decisions.Decision(t.key, t.name, old.trials if old else 0,
-                                                       None if sec is None else sec * 1e3, None, False,
-                                                       str(self.target))
+                d = self.state.get(t.key) or decisions.Decision(t.key, t.name, 0, None, None, False, str(self.target))
+                d.weight_ms = d.default_ms = None if sec is None else sec * 1e3
+                self.state[t.key] = d
                 self.unsaved.add(t.key)
-        weights = [t.weight * (self.state[t.key].default_ms or 1.0) for t in tasks]
+        weights = [t.weight * (self.state[t.key].weight_ms or 1.0) for t in tasks]
         return [w / sum(weights) for w in weights]
 
     def tune_task(self, t, want, resume, left_time, bar) -> TaskResult:
@@ -151,6 +154,7 @@ class _Session:
         try:
             self.run_ms(t, goal - done, cb)
         except Exception as err:  # noqa: BLE001 - MetaSchedule bugs on one kernel must not stop the run
+            log.debug("MetaSchedule failure on %s", t.name, exc_info=True)
             msg = str(err).strip().splitlines()
             log.warning("MetaSchedule failed on %s; it keeps its default schedule: %s", t.name,
                         next((ln for ln in msg if "Error" in ln), msg[0] if msg else type(err).__name__)[:300])
@@ -168,7 +172,7 @@ class _Session:
         cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" else 1
         ctx = ms.TuneContext(mod=task.mod, target=self.target, space_generator="post-order-apply",
                              search_strategy=strategy, task_name=task.name,
-                             logger=get_loggers_from_work_dir(self.folder, [task.name])[0],
+                             logger=_task_logger(self.folder, task.name),
                              rand_state=-1 if self.seed is None else self.seed, num_threads=cores)
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=self.folder, max_trials_global=n_trials,
                       max_trials_per_task=n_trials, num_trials_per_iter=max(1, min(self.per_iter, n_trials)),
@@ -193,6 +197,21 @@ class _Session:
             d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s * (1 - MARGIN))
             res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
             decisions.save(self.folder, d)
+
+
+def _task_logger(folder: str, task_name: str) -> logging.Logger:
+    """MetaSchedule's per-task log in `<folder>/logs/` (git-ignored). Not get_loggers_from_work_dir:
+    it crashes ('NoneType' has no attribute 'format') when an unnamed handler sits on its logger."""
+    folder_id = hashlib.sha1(os.path.abspath(folder).encode()).hexdigest()[:12]
+    logger = logging.getLogger(f"tvmfuse.tuning.ms.{folder_id}.{task_name[:100]}")
+    if not logger.handlers:
+        os.makedirs(os.path.join(folder, "logs"), exist_ok=True)
+        handler = logging.FileHandler(os.path.join(folder, "logs", f"task_{task_name[:100]}.log"), delay=True)
+        handler.setFormatter(logging.Formatter("%(asctime)s [%(levelname)s] %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.DEBUG)
+        logger.propagate = False
+    return logger
 
 
 def _share(trials: int, share: float) -> int:
