@@ -33,6 +33,8 @@ def parse(argv=None):
     ap.add_argument("--history", default=None, help="results folder (default <logs>/history)")
     ap.add_argument("--threshold", type=float, default=0.15,
                     help="latency regression that fails the job, as a fraction (default 0.15 = 15%% slower)")
+    ap.add_argument("--absolute", action="store_true",
+                    help="compare raw latencies (default: divide by the run's median slowdown, the machine factor)")
     ap.add_argument("--repeat", type=int, default=15, help="time_evaluator repeats (median kept)")
     ap.add_argument("--rpc-tracker", metavar="HOST:PORT")
     ap.add_argument("--rpc-key", metavar="KEY")
@@ -68,7 +70,8 @@ def main(argv=None) -> int:
     folder = args.history or os.path.join(args.logs, "history")
     prev = history.previous(folder, result)
     if prev is not None:  # a slowdown must show twice: re-measure those models, keep the better median
-        for name in sorted({ln.split(" [")[0] for ln in history.diff(prev, result, args.threshold).regressed}):
+        for name in sorted({ln.split(" [")[0] for ln in history.diff(prev, result, args.threshold,
+                                                                      not args.absolute).regressed}):
             again = _measure(name, args, target)
             for v, r in result["models"][name].items():
                 lat = [x for x in (r["latency_ms"], again[v]["latency_ms"]) if x]
@@ -79,9 +82,10 @@ def main(argv=None) -> int:
     if prev is None:
         print("no earlier run to compare with")
     else:
-        d = history.diff(prev, result, args.threshold)
+        d = history.diff(prev, result, args.threshold, not args.absolute)
         print(f"compared with {os.path.basename(prev['_path'])}: {len(d.improved)} improved, "
-              f"{len(d.regressed)} regressed, {d.unchanged} within ±{args.threshold:.0%}")
+              f"{len(d.regressed)} regressed, {d.unchanged} within ±{args.threshold:.0%} "
+              f"(machine factor {d.factor:.2f}: this run's median new/old latency)")
         for line in d.improved:
             print(f"  improved   {line}")
         for line in d.regressed:

@@ -6,7 +6,9 @@ Contract
   "tuning": {...}}.
 - `previous(folder, result)` is the newest earlier result for the same target and size.
 - `diff(old, new, threshold)` lists improvements and regressions per model and variant. A latency
-  regression beyond `threshold` (0.15 = 15% slower) or any launch-count increase is a failure.
+  regression beyond `threshold` (0.15 = 15% slower), after dividing by the run's common slowdown
+  (`machine_factor`: the median new/old ratio; a loaded shared box slows everything alike), or any
+  launch-count increase is a failure.
 - `table(folder, n)` prints the last n runs: geometric-mean latency per variant.
 """
 from __future__ import annotations
@@ -17,6 +19,9 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
+
+
+MIN_FOR_FACTOR = 6  # fewer comparable latencies than this: compare them raw
 
 
 def stamp() -> str:
@@ -59,14 +64,28 @@ class Diff:
     improved: list[str] = field(default_factory=list)
     regressed: list[str] = field(default_factory=list)  # failures
     unchanged: int = 0
+    factor: float = 1.0  # machine_factor used for the latencies
 
     @property
     def failed(self) -> bool:
         return bool(self.regressed)
 
 
-def diff(old: dict, new: dict, threshold: float) -> Diff:
+def machine_factor(old: dict, new: dict) -> float:
+    """Median of new/old latency over every (model, variant): how much slower the machine ran this
+    time (a shared box under load slows everything alike). 1.0 with fewer than MIN_FOR_FACTOR pairs."""
+    ratios = sorted(now["latency_ms"] / before["latency_ms"]
+                    for model, variants in new["models"].items() for v, now in variants.items()
+                    for before in [old.get("models", {}).get(model, {}).get(v)]
+                    if before and before.get("latency_ms") and now.get("latency_ms"))
+    return ratios[len(ratios) // 2] if len(ratios) >= MIN_FOR_FACTOR else 1.0
+
+
+def diff(old: dict, new: dict, threshold: float, normalize: bool = True) -> Diff:
+    """Latency changes are measured against `machine_factor` when `normalize` (a regression must
+    stand out from the run's common slowdown); launch counts are compared as they are."""
     d = Diff()
+    d.factor = machine_factor(old, new) if normalize else 1.0
     for model, variants in new["models"].items():
         for v, now in variants.items():
             before = old.get("models", {}).get(model, {}).get(v)
@@ -77,8 +96,9 @@ def diff(old: dict, new: dict, threshold: float) -> Diff:
             a, b = before.get("latency_ms"), now.get("latency_ms")
             if not a or not b:
                 continue
-            change = b / a - 1
-            line = f"{model} [{v}] {a:.4f} -> {b:.4f} ms ({change:+.0%})"
+            change = b / a / d.factor - 1
+            line = f"{model} [{v}] {a:.4f} -> {b:.4f} ms ({change:+.0%}" + (
+                f" after the machine factor {d.factor:.2f})" if d.factor != 1.0 else ")")
             if change > threshold:
                 d.regressed.append(line)
             elif change < -threshold:
