@@ -305,9 +305,6 @@ def test_tuning_record_from_an_older_tvm_is_skipped_with_a_warning(tmp_path, cap
     assert "database_tuning_record.json:1: skipping unreadable record" in caplog.text
 
 
-@pytest.mark.xfail(strict=True, reason="tvmfuse.tuning applies every winning record in the target-key folder "
-                   "without comparing the record's own target: a cuda record copied into llvm-<cpu>/ is "
-                   "applied to an llvm build, silently (reported to the tuning owner; not fixed here)")
 def test_tuning_record_for_another_target_is_ignored_with_a_warning(tmp_path, caplog):
     pytest.importorskip("tvmfuse.tuning")
     from tvmfuse.target import resolve

@@ -18,7 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from . import decisions
 from .database import DurableDatabase, workload_key
-from .keys import target_dir
+from .keys import target_dir, target_key
 from .tasks import normalize
 
 log = logging.getLogger("tvmfuse.tuning")
@@ -36,6 +36,10 @@ def winning_database(folder: str) -> tuple[ms.database.MemoryDatabase, int]:
         if workload_key(wl) not in won:
             continue
         top = db.get_top_k(wl, 1)
+        if top and target_key(top[0].target) != os.path.basename(os.path.normpath(folder)):
+            log.warning("%s: skipping the record of %s: it was tuned for %s (%s), not for this folder's target",
+                        folder, workload_key(wl), target_key(top[0].target), top[0].target.kind.name)
+            continue
         if top:
             out.commit_tuning_record(ms.database.TuningRecord(top[0].trace, out.commit_workload(wl.mod),
                                                               top[0].run_secs, top[0].target,
