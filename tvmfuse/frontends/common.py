@@ -31,6 +31,18 @@ def normalize(mod: tvm.IRModule, fold_constants: bool = True) -> tvm.IRModule:
         return tvm.transform.Sequential(passes)(mod)
 
 
+def finish(mod: tvm.IRModule, params: str, do_normalize: bool):
+    """The shared tail of the torch and ONNX importers: weights detached as trailing inputs when
+    params == "inputs" (returns (mod, weights)), else kept as constants and folded; normalized."""
+    weights = None
+    if params == "inputs":
+        mod, detached = relax.frontend.detach_params(mod)
+        weights = [np.asarray(p.numpy()) for p in detached.get("main", [])]
+    if do_normalize:
+        mod = normalize(mod, fold_constants=params == "constants")
+    return mod if weights is None else (mod, weights)
+
+
 def read_path(path, what: str, suffixes: tuple[str, ...] = ()) -> str:
     """The path as a str, or a FrontendError saying the file is missing (and what was expected)."""
     path = os.fspath(path)

@@ -13,11 +13,8 @@ Contract:
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import FrontendError
-from .common import normalize as _normalize
-from .common import read_path
+from .common import finish, read_path
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
                 10: "float16", 11: "float64", 16: "bfloat16"}
@@ -72,7 +69,6 @@ def graph_inputs(model) -> list[tuple[str, list, str]]:
 
 def from_onnx(path_or_model, shapes: dict | None = None, *, params: str = "constants", normalize: bool = True):
     """Import an ONNX model; see the module docstring for the contract."""
-    from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
     if params not in ("constants", "inputs"):
@@ -101,10 +97,4 @@ def from_onnx(path_or_model, shapes: dict | None = None, *, params: str = "const
                             keep_params_in_input=params == "inputs")
     except Exception as err:
         raise FrontendError(f"TVM's Relax ONNX frontend failed: {type(err).__name__}: {err}") from err
-    weights = None
-    if params == "inputs":
-        mod, detached = relax.frontend.detach_params(mod)
-        weights = [np.asarray(p.numpy()) for p in detached.get("main", [])]
-    if normalize:
-        mod = _normalize(mod, fold_constants=params == "constants")
-    return mod if weights is None else (mod, weights)
+    return finish(mod, params, normalize)

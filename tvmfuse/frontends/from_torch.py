@@ -18,10 +18,8 @@ code emits exactly that; `_cumsum` promotes like torch.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from ..errors import FrontendError
-from .common import normalize as _normalize
+from .common import finish
 
 _INTEGRAL = ("bool", "int8", "int16", "int32", "uint8")
 
@@ -91,7 +89,6 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
                custom_convert_map=None, normalize: bool = True):
     """Import a torch.nn.Module; see the module docstring for the contract."""
     import torch
-    from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
     if not isinstance(module, torch.nn.Module):
@@ -117,10 +114,4 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
     except Exception as err:
         raise FrontendError(f"TVM's Relax torch frontend failed on {type(module).__name__}: "
                             f"{type(err).__name__}: {err}") from err
-    weights = None
-    if params == "inputs":
-        mod, detached = relax.frontend.detach_params(mod)
-        weights = [np.asarray(p.numpy()) for p in detached.get("main", [])]
-    if normalize:
-        mod = _normalize(mod, fold_constants=params == "constants")
-    return mod if weights is None else (mod, weights)
+    return finish(mod, params, normalize)
