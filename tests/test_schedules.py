@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import tvm
 from tvm import relax
-from tvm.script import relax as R  # noqa: F401  (BlockBuilder ops below)
 
 import tvmfuse
 from tvmfuse import workloads
