@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import tvm
-import tvm_ffi
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from .row_chain import is_output
+from .row_chain import is_output, vars_in
 from .targets import CPU
 
 
@@ -74,15 +73,8 @@ def operands_of_reduction(sch, block_rv) -> int:
     """How many buffers the block reads at an index that moves with a reduction variable: 2 for a
     matmul or conv (input and weight), 1 for a row sum."""
     block = sch.get(block_rv)
-    red = {iv.var for iv in block.iter_vars if int(iv.iter_type) == 2}
-    found = []
-
-    def uses(expr):
-        found.clear()
-        tvm_ffi.structural_walk(expr, (tvm.tirx.Var, lambda v: found.append(v in red)), order="post")
-        return any(found)
-
-    return sum(any(uses(rg.min) for rg in r.region) for r in block.reads)
+    red = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
+    return sum(any(vars_in(rg.min) & red for rg in r.region) for r in block.reads)
 
 
 def is_reduction(sch, block_rv):

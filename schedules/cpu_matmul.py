@@ -94,7 +94,7 @@ def _pack_panels(sch, mm):
     block = sch.get(mm)
     *_, j, k = [iv.var.name for iv in block.iter_vars]
     for idx, r in enumerate(block.reads):
-        used = [row_chain._vars_in(rg.min) for rg in r.region]
+        used = [row_chain.vars_in(rg.min) for rg in r.region]
         if len(used) >= 2 and used[-1] == {j} and used[-2] == {k}:
             break
     else:

@@ -205,7 +205,7 @@ def _reduces_outer_axis(sch, block_rv) -> bool:
     spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
     found = False
     for r in block.reads:
-        idx = [row_chain._vars_in(rg.min) for rg in r.region]
+        idx = [row_chain.vars_in(rg.min) for rg in r.region]
         if idx and k in idx[-1]:
             return False
         if len(idx) >= 2 and idx[-1] & spatial and any(k in s for s in idx[:-1]):

@@ -29,7 +29,7 @@ def _int(x):
     return int(x) if isinstance(x, tvm.tirx.IntImm) else None
 
 
-def _vars_in(expr):
+def vars_in(expr):
     names = set()
 
     def visit(e):
@@ -80,7 +80,7 @@ def analyze(sch) -> RowChain | None:
         row_vars = {iv.var.name for iv in list(block.iter_vars)[:rows]}
         columns = [iv for iv in list(block.iter_vars)[rows:] if int(iv.iter_type) == 0 and _int(iv.dom.extent) != 1]
         for r in block.reads:
-            used = set().union(*(_vars_in(rg.min) for rg in r.region)) if len(r.region) else set()
+            used = set().union(*(vars_in(rg.min) for rg in r.region)) if len(r.region) else set()
             if row_vars <= used:
                 continue
             shared_input = not any(r.source.same_as(p) for p in produced)
