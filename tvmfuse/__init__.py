@@ -1,4 +1,8 @@
 """tvmfuse: operator fusion, default schedules and measurement on Apache TVM Relax."""
+from .target import use_all_cores as _use_all_cores
+
+_use_all_cores()  # before any TVM kernel runs: TVM's default thread pool is half the cores on x86
+
 from . import workloads
 from .build import Compiled, build, prepare
 from .classify import classify

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import workloads
 from .build import build
-from .target import num_cores, resolve
+from .target import resolve, runtime_threads
 
 TVM_SYSTEMS = ("none", "tvm", "tvmfuse")
 TUNED = ("tvm+tuned", "tvmfuse+tuned")
@@ -133,7 +133,7 @@ def _time(call, budget_s):
 def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None):
     w = _load(name, size)
     t = resolve(target)
-    calls, skipped, compile_s = _callables(w, systems, t, int(t.attrs.get("num-cores", num_cores())), logs)
+    calls, skipped, compile_s = _callables(w, systems, t, runtime_threads(), logs)
     ref = w.reference(*w.inputs())
     row = Row(name, skipped=skipped, compile_s=compile_s)
     for s, (_, res, launches) in calls.items():

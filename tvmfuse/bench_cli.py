@@ -49,7 +49,7 @@ def run(args):
 
     from . import bench, workloads
     from .errors import TvmfuseError
-    from .target import resolve
+    from .target import resolve, runtime_threads
 
     if args.quick:
         args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
@@ -83,7 +83,8 @@ def run(args):
         table += "\n\n" + bench.roofline_table(rows, args.size, systems, roofline.bandwidth_gbs(),
                                                roofline.matmul_peak_gflops(), roofline.last_level_cache_bytes())
     target = resolve("llvm")
-    header = (f"target {target}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
+    header = (f"target {target}, {runtime_threads()} threads for every system, {args.size} shapes, "
+              f"{args.rounds} rounds x {args.budget}s per system, "
               f"{time.time() - t0:.0f}s in all")
     print(header + "\n\n" + table)
     if args.json:

@@ -19,7 +19,35 @@ def host_cpu() -> str:
 
 
 def num_cores() -> int:
-    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    """Cores this process may run on: its CPU affinity set, one thread per physical core
+    (hyper-threads share a core's vector units, so compute-bound kernels gain nothing from them)."""
+    import psutil
+
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    logical, physical = psutil.cpu_count() or allowed, psutil.cpu_count(logical=False) or allowed
+    return max(1, allowed // max(1, logical // physical))
+
+
+_THREAD_VARS = ("TVM_NUM_THREADS", "OMP_NUM_THREADS")  # what TVM's thread pool reads, in order
+
+
+def runtime_threads() -> int:
+    """The CPU threads TVM's runtime uses in this process (and the count every baseline of the
+    benchmark is given): TVM_NUM_THREADS, else OMP_NUM_THREADS, else num_cores()."""
+    for var in _THREAD_VARS:
+        if os.environ.get(var, "").strip().isdigit() and int(os.environ[var]) > 0:
+            return int(os.environ[var])
+    return num_cores()
+
+
+def use_all_cores() -> None:
+    """Size TVM's CPU thread pool to num_cores() unless the user chose (TVM_NUM_THREADS or
+    OMP_NUM_THREADS set). TVM's own default on x86 is half the logical CPUs, on the assumption of
+    hyper-threading: on a machine without it (2 vCPUs here) every kernel ran on 1 thread of 2.
+    The pool reads the variable once, when it starts (the first parallel kernel of a thread), so
+    tvmfuse sets it on import; subprocesses (MetaSchedule's builders and runners) inherit it."""
+    if not any(os.environ.get(v, "").strip() for v in _THREAD_VARS):
+        os.environ["TVM_NUM_THREADS"] = str(num_cores())
 
 
 def resolve(target="llvm", arch: str = "sm_90") -> tvm.target.Target:
