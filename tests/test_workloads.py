@@ -30,6 +30,19 @@ def test_bench_shapes_are_the_documented_ones():
     assert workloads.get("mlp_block", "bench").input_specs[0][1] == (512, 768)
 
 
+def test_large_shapes_overflow_the_cache():
+    """"large" is for the roofline: a memory-bound workload's minimal bytes must be over 4x a
+    32 MiB last-level cache (else its bandwidth bound is no bound); compute-heavy ones stay as bench."""
+    from tvmfuse import roofline
+
+    for name in workloads.names():
+        large, bench = workloads.get(name, "large"), workloads.get(name, "bench")
+        if roofline.flops(large) is None:
+            assert roofline.minimal_bytes(large) > 4 * 32 * 2**20, name
+        else:
+            assert large.input_specs == bench.input_specs, name
+
+
 def test_unknown_workload_lists_the_names():
     with pytest.raises(UnknownWorkloadError, match="softmax_chain"):
         workloads.get("no_such_model")

@@ -30,7 +30,8 @@ def add_arguments(ap):
     from . import models
 
     ap.add_argument("--workloads", default="all",
-                    help=f"comma-separated names, or all (the zoo), models (the real models) or everything. "
+                    help=f"comma-separated names, or all (the zoo), memory (its memory-bound part), models (the "
+                         f"real models) or everything. "
                          f"Zoo: {', '.join(workloads.names())}. Models: {', '.join(models.names())}")
     ap.add_argument("--size", default="bench", choices=workloads.SIZES)
     ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
@@ -59,7 +60,10 @@ def run(args):
     bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
     from . import models
 
-    groups = {"all": workloads.names(), "models": models.names(), "everything": workloads.names() + models.names()}
+    from .roofline import flops
+
+    groups = {"all": workloads.names(), "models": models.names(), "everything": workloads.names() + models.names(),
+              "memory": [n for n in workloads.names() if flops(workloads.get(n)) is None]}
     names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
     try:
         if bad:

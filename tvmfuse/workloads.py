@@ -1,5 +1,5 @@
-"""The workload zoo: Relax graphs with a small (test) and a bench shape, deterministic inputs and a
-numpy reference each. Graphs are written op by op with BlockBuilder, so fusion has work to do."""
+"""The workload zoo: Relax graphs in three shape sets (small for tests, bench, large; see SIZES),
+deterministic inputs and a numpy reference each. Graphs are written op by op with BlockBuilder, so fusion has work to do."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,10 @@ from tvm.relax import op as R
 
 from .errors import UnknownWorkloadError
 
-SIZES = ("small", "bench")
+# small: tests (tiny, fast); bench: the benchmark's shapes (partly cache-resident on a 32 MiB LLC);
+# large: the memory-bound workloads with working sets over 4x a 32 MiB LLC (each full-size tensor
+# 128 MiB), so that a bandwidth bound is a bound; compute-heavy workloads keep their bench shapes
+SIZES = ("small", "bench", "large")
 
 
 @dataclass
@@ -82,14 +85,16 @@ def _wl(name, size, specs, body, ref, **kw):
     return Workload(name, size, _build(name, specs, body), specs, ref, **kw)
 
 
-def _pick(size, small, bench):
-    return small if size == "small" else bench
+def _pick(size, small, bench, large=None):
+    """The shape set's value: `large` falls back to `bench` (compute-heavy workloads: their bench
+    shapes already run long; "large" exists for the memory-bound ones, see SIZES)."""
+    return small if size == "small" else large if size == "large" and large is not None else bench
 
 
 # ---------------------------------------------------------------- elementwise / conv
 @register
 def bias_relu_dropout(size):
-    n, m = _pick(size, (64, 128), (4096, 1024))
+    n, m = _pick(size, (64, 128), (4096, 1024), (32768, 1024))
     specs = [("x", (n, m), "float32"), ("bias", (m,), "float32")]
 
     def body(bb, x, b):
@@ -145,7 +150,7 @@ def _np_softmax(x):
 
 @register
 def softmax_chain(size):
-    n, m = _pick(size, (64, 128), (1024, 1024))
+    n, m = _pick(size, (64, 128), (1024, 1024), (16384, 2048))
     specs = [("x", (n, m), "float32"), ("y", (n, m), "float32")]
 
     def body(bb, x, y):
@@ -159,7 +164,7 @@ def softmax_chain(size):
 
 @register
 def softmax_decomposed(size):
-    n, m = _pick(size, (64, 128), (1024, 1024))
+    n, m = _pick(size, (64, 128), (1024, 1024), (16384, 2048))
     specs = [("x", (n, m), "float32")]
 
     def body(bb, x):
@@ -173,7 +178,7 @@ def softmax_decomposed(size):
 
 @register
 def layernorm_decomposed(size):
-    n, m = _pick(size, (64, 96), (4096, 768))
+    n, m = _pick(size, (64, 96), (4096, 768), (32768, 1024))
     specs = [("x", (n, m), "float32"), ("gamma", (m,), "float32"), ("beta", (m,), "float32")]
 
     def body(bb, x, g, b):
@@ -194,7 +199,7 @@ def layernorm_decomposed(size):
 
 @register
 def rmsnorm_residual(size):
-    n, m = _pick(size, (64, 96), (4096, 768))
+    n, m = _pick(size, (64, 96), (4096, 768), (32768, 1024))
     specs = [("x", (n, m), "float32"), ("residual", (n, m), "float32"), ("weight", (m,), "float32")]
 
     def body(bb, x, r, w):
@@ -213,7 +218,7 @@ def rmsnorm_residual(size):
 
 @register
 def multi_reduce(size):
-    n, m = _pick(size, (64, 128), (2048, 1024))
+    n, m = _pick(size, (64, 128), (2048, 1024), (32768, 1024))
     specs = [("x", (n, m), "float32")]
 
     def body(bb, x):
@@ -285,7 +290,7 @@ def attention(size):
 @register
 def linear_regression_step(size):
     """A whole SGD step: forward, MSE loss, gradients written out, and the updates of w and b."""
-    n, d = _pick(size, (64, 16), (8192, 256))
+    n, d = _pick(size, (64, 16), (8192, 256), (131072, 256))
     lr = 0.01
     specs = [("x", (n, d), "float32"), ("y", (n, 1), "float32"), ("w", (d, 1), "float32"),
              ("b", (1,), "float32")]
