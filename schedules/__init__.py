@@ -1,4 +1,5 @@
-"""Default schedules for (fused) PrimFuncs, per target. Entry point: `apply_default_schedules`."""
+"""Default schedules for (fused) PrimFuncs, per target. Entry points: `apply_default_schedules`,
+then `lower_math` (vectorizable exp/erf on llvm, for every PrimFunc however it was scheduled)."""
 from __future__ import annotations
 
 import logging
@@ -7,8 +8,9 @@ import tvm
 
 from . import cpu, cuda
 from .rule import apply_rules
-from .targets import CPU
-from .vector_math import vectorizable_math
+from .vector_math import lower_math
+
+__all__ = ["apply_default_schedules", "lower_math"]
 
 log = logging.getLogger("tvmfuse.schedule")
 
@@ -26,7 +28,5 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue
-        if not gpu and CPU["vector_math"]:  # after the rules: they judge recompute cost by T.exp calls
-            sched = vectorizable_math(sched)
         out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
     return out

@@ -7,9 +7,14 @@ Contract: `vectorizable_math(func)` returns `func` with
 - every float32 `T.erf(x)` replaced by `topi.fast_erf` (a rational approximation; absolute error at
   most 2.4e-7 measured over [-6, 6]), NaN passed through.
 The llvm backend lowers `T.exp`/`T.erf` on vectors to one libm call per lane; these are plain
-arithmetic, so the vectorized loops the schedules build stay vectorized. Applied by
-`apply_default_schedules` to every llvm PrimFunc of every fusion variant alike (targets.CPU
-"vector_math"), after the rules. Other dtypes are left alone.
+arithmetic, so vectorized loops stay vectorized. Other dtypes are left alone.
+
+`lower_math(mod, target)` is the lowering step: it rewrites every PrimFunc of `mod` when `target`
+is llvm and targets.CPU["vector_math"] is on, whoever scheduled it (the default rules, a tuned
+MetaSchedule record, or a MetaSchedule trial being measured), so a tuned kernel and the default it
+is compared with run the same math. tvmfuse.build runs it after the schedules; the tuning builders
+(tvmfuse.tuning.rpc) run it before they compile a candidate. It runs after the schedule rules,
+which judge recompute cost by the T.exp calls they see.
 """
 from __future__ import annotations
 
@@ -50,6 +55,18 @@ def _expand(x):
 
 def _expand_erf(x):
     return tvm.tirx.Select(tvm.tirx.isnan(x), x, _instantiate("fast_erf", x))  # NaN in, NaN out
+
+
+def lower_math(mod: tvm.IRModule, target) -> tvm.IRModule:
+    from .targets import CPU
+
+    if target.kind.name != "llvm" or not CPU["vector_math"]:
+        return mod
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc):
+            out[gv] = vectorizable_math(func)
+    return out
 
 
 def vectorizable_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:

@@ -1,12 +1,14 @@
 """Default schedule rules: every PrimFunc gets one, the right rule takes each group kind, and the
 scheduled kernels stay numerically right on shapes the vector widths do not divide."""
 import logging
+import re
 
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+from tvm import relax, te
 
+import schedules
 import tvmfuse
 from tvmfuse import workloads
 
@@ -132,6 +134,34 @@ def test_vector_exp_matches_numpy_over_the_float32_range():
     assert np.all(out[ref <= 1e-37] <= 1e-37)
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
+
+
+def _scheduled_elsewhere(n):
+    """A PrimFunc with exp, already scheduled (as a tuned record is): the rules leave it alone."""
+    x = te.placeholder((n,), "float32", name="x")
+    y = te.compute((n,), lambda i: te.exp(x[i]), name="y")
+    return te.create_prim_func([x, y]).with_attr("tirx.is_scheduled", True)
+
+
+def test_every_llvm_kernel_gets_the_vector_math_however_it_was_scheduled():
+    """A tuned kernel and the default it is compared with must run the same exp: lower_math runs on
+    every llvm PrimFunc in the build and in the tuning builders, not only on default-scheduled ones."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmfuse.target import resolve
+    from tvmfuse.tuning import rpc
+
+    target = resolve("llvm")
+    mod = tvm.IRModule({"main": _scheduled_elsewhere(64)})
+    assert "T.exp" in mod.script()
+    assert "T.exp" not in schedules.lower_math(mod, target).script()
+    assert schedules.lower_math(mod, resolve("cuda")).script() == mod.script()  # CUDA: its own fast exp
+    libm = re.compile(r"@(expf|llvm\.exp\.)")  # a libm call per lane, or LLVM's exp (lowered to it)
+    for build in (rpc.fast_build, rpc.exact_build):  # MetaSchedule trials, the never-slower comparison
+        assert not libm.search(build(mod, target, None).inspect_source("ll"))
+    from tvm.driver import build as tvm_build
+
+    assert libm.search(tvm_build(mod, target=target).inspect_source("ll"))  # the control: TVM alone
 
 
 def test_transposed_gemv_takes_the_column_reduction_rule():

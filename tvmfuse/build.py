@@ -26,7 +26,8 @@ _KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(
 def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,
             **knobs) -> tvm.IRModule:
     """Run the variant's graph passes, the tuned schedules from `tuning_logs` (records that beat the
-    default schedule), then the default schedules for the rest; stop before lowering."""
+    default schedule), then the default schedules for the rest, then the math lowering every
+    kernel gets (schedules.lower_math); stop before Relax lowering."""
     if fusion not in pipeline.VARIANTS:
         raise ValueError(f"unknown fusion variant {fusion!r}; use one of {pipeline.VARIANTS}")
     check_module(mod)
@@ -38,7 +39,7 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
         from .tuning import apply_logs
 
         mod = apply_logs(mod, target, tuning_logs)
-    return schedules.apply_default_schedules(mod, target)
+    return schedules.lower_math(schedules.apply_default_schedules(mod, target), target)
 
 
 def check_module(mod) -> None:
@@ -81,18 +82,12 @@ class Compiled:
 
     @cached_property
     def _cuda_source(self) -> str:
-        stack, srcs = [self.executable.mod], []
-        while stack:
-            m = stack.pop()
-            if m.kind == "cuda":
-                srcs.append(m.inspect_source())
-            stack.extend(m.imports)
-        return "\n".join(srcs)
+        return cuda_source(self.executable.mod)
 
     def kernels_per_func(self) -> dict[str, int]:
         """CUDA only: the number of __global__ kernels each PrimFunc became."""
         counts: dict[str, int] = {}
-        for k in _KERNEL_DEF.findall(self._cuda_source):
+        for k in cuda_kernels(self._cuda_source):
             fn = re.sub(r"_kernel(_\d+)?$", "", k)
             counts[fn] = counts.get(fn, 0) + 1
         return counts
@@ -149,6 +144,24 @@ class Compiled:
     def __call__(self, *arrays):
         args = self.convert_inputs(arrays)
         return _to_numpy(self.vm()["main"](*args))
+
+
+def cuda_source(module) -> str:
+    """The CUDA C of every cuda module under a runtime module (walking its imports: VM -> llvm
+    host -> cuda); "" when it has none."""
+    stack, srcs = [module], []
+    while stack:
+        m = stack.pop()
+        if m.kind == "cuda":
+            srcs.append(m.inspect_source())
+        stack.extend(m.imports)
+    return "\n".join(srcs)
+
+
+def cuda_kernels(source: str) -> list[str]:
+    """Names of the __global__ kernels DEFINED in CUDA source (each is also declared once: those
+    declarations are not counted)."""
+    return _KERNEL_DEF.findall(source)
 
 
 def _dims(ty):

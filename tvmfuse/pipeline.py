@@ -1,7 +1,8 @@
 """The compile pipeline, read as a list. One list of graph passes per fusion variant, then the
 shared tail: default schedules, Relax lowering, finalize.
 
-  import -> [variant passes: legalize / fuse] -> schedules.apply_default_schedules -> lower -> VM
+  import -> [variant passes: legalize / fuse] -> [tuned records] -> schedules.apply_default_schedules
+         -> schedules.lower_math -> Relax lowering -> VM
 """
 from __future__ import annotations
 
