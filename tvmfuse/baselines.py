@@ -110,9 +110,10 @@ def onnx_model(workload):
 
 
 class OrtRunner:
-    """An ONNX Runtime session for a workload, `threads` intra-op threads, all graph optimizations."""
+    """An ONNX Runtime session for a workload, `threads` intra-op threads, all graph optimizations,
+    on `device` ("cpu", or "cuda": the CUDA execution provider)."""
 
-    def __init__(self, workload, threads: int):
+    def __init__(self, workload, threads: int, device: str = "cpu"):
         import onnxruntime as ort
 
         model = onnx_model(workload)
@@ -122,8 +123,27 @@ class OrtRunner:
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")  # sleep between runs
-        self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        provider = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}[device]
+        self.session = ort.InferenceSession(model.SerializeToString(), opts, providers=[provider])
         self.names = [n for n, _, _ in workload.input_specs]
+        self.device = device
+
+    def bound(self, *arrays):
+        """A zero-argument call running the session on `arrays` copied once to the session's device
+        and outputs left there (IO binding): no host<->device copies in the call."""
+        import onnxruntime as ort
+
+        io = self.session.io_binding()
+        values = [ort.OrtValue.ortvalue_from_numpy(a, self.device, 0) for a in arrays]
+        for name, v in zip(self.names, values):
+            io.bind_ortvalue_input(name, v)
+        for o in self.session.get_outputs():
+            io.bind_output(o.name, self.device)
+
+        def call(io=io, values=values):  # `values` keeps the bound inputs alive
+            self.session.run_with_iobinding(io)
+
+        return call
 
     def __call__(self, *arrays):
         out = self.session.run(None, dict(zip(self.names, arrays)))
@@ -187,9 +207,10 @@ def _torch_fns():
 
 class TorchRunner:
     """The workload in PyTorch, eager or through torch.compile (Inductor); numpy in, numpy out.
-    `compile_s` is the time of the first (compiling) call."""
+    `compile_s` is the time of the first (compiling) call. On `device` "cuda" the inputs live on
+    the GPU, and `run` returns with the work queued (synchronize to wait for it)."""
 
-    def __init__(self, workload, threads: int, compiled: bool = False):
+    def __init__(self, workload, threads: int, compiled: bool = False, device: str = "cpu"):
         import time
 
         import torch
@@ -197,7 +218,8 @@ class TorchRunner:
         torch.set_num_threads(threads)
         fn = _torch_fns()[workload.name](workload)
         self.fn = torch.compile(fn) if compiled else fn
-        self.args = [torch.from_numpy(a) for a in workload.inputs()]
+        self.device = device
+        self.args = [torch.from_numpy(a).to(device) for a in workload.inputs()]
         t0 = time.perf_counter()
         with torch.no_grad():
             self.fn(*self.args)
@@ -213,5 +235,5 @@ class TorchRunner:
         import torch
 
         with torch.no_grad():
-            out = self.fn(*[torch.from_numpy(a) for a in arrays])
-        return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
+            out = self.fn(*[torch.from_numpy(a).to(self.device) for a in arrays])
+        return tuple(o.cpu().numpy() for o in out) if isinstance(out, tuple) else out.cpu().numpy()

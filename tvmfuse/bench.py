@@ -10,6 +10,11 @@ Systems: "none" / "tvm" / "tvmfuse" (tvmfuse.build on llvm with the default sche
 "onnxruntime" (all graph optimizations), "torch" (eager) and "torch.compile" (Inductor; its
 compile time is kept in the row), all with the same thread count as TVM (tvmfuse.baselines), and
 "numpy" (the workload's reference). A system a workload has no form for is left out of its row.
+
+On target="cuda" (tvmfuse.bench_gpu) the TVM systems run on tvm.cuda(0), each timed call follows an
+L2 flush, the peers run on the GPU where their runtime can (else the row says why not), numpy is
+left out, and the numerics tolerances are at least rtol 1e-3 / atol 1e-4. On every target the TVM
+systems' kernel launches are counted twice: statically and while running (`Row.ran`).
 """
 from __future__ import annotations
 
@@ -17,12 +22,14 @@ import math
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from . import workloads
 from .build import build
-from .target import resolve, runtime_threads
+from .runtime import dynamic_launches
+from .target import is_gpu, resolve, runtime_threads
 
 TVM_SYSTEMS = ("none", "tvm", "tvmfuse")
 TUNED = ("tvm+tuned", "tvmfuse+tuned")
@@ -37,6 +44,8 @@ class Row:
     workload: str
     ms: dict = field(default_factory=dict)  # system -> median ms per call
     launches: dict = field(default_factory=dict)  # TVM systems -> static launches
+    ran: dict = field(default_factory=dict)  # TVM systems -> launches counted while running
+    samples: dict = field(default_factory=dict)  # system -> timings the median is taken over
     ok: dict = field(default_factory=dict)  # system -> outputs match the reference
     skipped: dict = field(default_factory=dict)  # system -> why it has no number
     compile_s: dict = field(default_factory=dict)  # torch.compile: seconds of the first call
@@ -49,50 +58,76 @@ class Row:
         return asdict(self)
 
 
-def _close(out, ref, w):
+def _close(out, ref, rtol, atol):
     out = out if isinstance(out, tuple) else (out,)
     ref = ref if isinstance(ref, tuple) else (ref,)
-    return len(out) == len(ref) and all(np.allclose(o, r, rtol=w.rtol, atol=w.atol) for o, r in zip(out, ref))
+    return len(out) == len(ref) and all(np.allclose(o, r, rtol=rtol, atol=atol) for o, r in zip(out, ref))
+
+
+def _no_sync():
+    pass
+
+
+@dataclass
+class Ready:
+    """A system ready to time: `call()` runs one inference, `out` is its outputs (numpy), `sync()`
+    waits for the device work `call` queued; `launches`/`ran`: a TVM system's kernel launches,
+    static and counted while running (None for the peers); `compile_s`: torch.compile's first call."""
+    call: Callable
+    out: object
+    sync: Callable = _no_sync
+    launches: int | None = None
+    ran: int | None = None
+    compile_s: float = 0.0
+
+
+def _tvm_system(w, system, target, x, logs):
+    """A TVM system (none/tvm/tvmfuse, +tuned with `logs`) built for `target`, its inputs on the
+    target's device, its launches counted statically and over one instrumented run."""
+    c = build(w.mod, target, system.split("+")[0], tuning_logs=logs if system in TUNED else None)
+    f, args = c.vm()["main"], c.convert_inputs(x)
+    ran, _ = dynamic_launches(c, args)
+    return Ready(lambda: f(*args), c(*x), c.device.sync, launches=c.launches, ran=ran)
 
 
 def _callables(w, systems, target, threads, logs=None):
-    """system -> (zero-argument call, its outputs, launches or None); system -> why skipped;
-    system -> compile seconds."""
-    from . import baselines
+    """system -> Ready; system -> why skipped. On a GPU target the peers are their CUDA forms
+    (tvmfuse.bench_gpu.peer)."""
+    from . import baselines, bench_gpu
 
     x = w.inputs()
-    out, skipped, compile_s = {}, {}, {}
+    out, skipped = {}, {}
     for s in systems:
-        if s in TVM_SYSTEMS or s in TUNED:
-            if s in TUNED and not logs:
-                skipped[s] = "no tuning logs given"
-                continue
-            c = build(w.mod, target, s.split("+")[0], tuning_logs=logs if s in TUNED else None)
-            vm, args = c.vm(), c.convert_inputs(x)
-            f = vm["main"]
-            out[s] = (lambda f=f, args=args: f(*args), c(*x), c.launches)
+        if s not in SYSTEMS + TUNED:
+            raise ValueError(f"unknown system {s!r}; use some of {', '.join(SYSTEMS + TUNED)}")
+        if s in TUNED and not logs:
+            skipped[s] = "no tuning logs given"
+        elif s in TVM_SYSTEMS or s in TUNED:
+            out[s] = _tvm_system(w, s, target, x, logs)
         elif not isinstance(w, workloads.Workload):  # a real model (tvmfuse.models)
-            call = _model_peer(w, s, x)
+            call = None if is_gpu(target) else _model_peer(w, s, x)
             if call is None:
-                skipped[s] = "not wired for real models"
-                continue
-            out[s] = (call, call(), None)
+                skipped[s] = "not wired for real models" + (" on CUDA" if is_gpu(target) else "")
+            else:
+                out[s] = Ready(call, call())
+        elif is_gpu(target):
+            got = bench_gpu.peer(w, s, threads)
+            if isinstance(got, str):
+                skipped[s] = got
+            else:
+                out[s] = Ready(**got)
         elif s == "onnxruntime":
             if baselines.onnx_model(w) is None:
                 skipped[s] = "no ONNX form"
                 continue
             r = baselines.OrtRunner(w, threads)
-            out[s] = (lambda r=r: r(*x), r(*x), None)
+            out[s] = Ready(lambda r=r: r(*x), r(*x))
         elif s in ("torch", "torch.compile"):
             r = baselines.TorchRunner(w, threads, compiled=s == "torch.compile")
-            if r.compile_s:
-                compile_s[s] = r.compile_s
-            out[s] = (r.run, r(*x), None)
-        elif s == "numpy":
-            out[s] = (lambda: w.reference(*x), w.reference(*x), None)
-        else:
-            raise ValueError(f"unknown system {s!r}; use some of {', '.join(SYSTEMS + TUNED)}")
-    return out, skipped, compile_s
+            out[s] = Ready(r.run, r(*x), compile_s=r.compile_s)
+        else:  # numpy
+            out[s] = Ready(lambda: w.reference(*x), w.reference(*x))
+    return out, skipped
 
 
 def _model_peer(m, system, x):
@@ -130,22 +165,44 @@ def _time(call, budget_s):
             return dt / n
 
 
-def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None):
+def _sampler(target, arch, budget_s):
+    """sample(Ready) -> per-call seconds of one round. CPU: one figure, the mean over budget_s of
+    back-to-back calls. GPU: every single call of the round, each after an L2 flush."""
+    if not is_gpu(target):
+        return lambda r: [_time(r.call, budget_s)]
+    from . import bench_gpu
+
+    flush = bench_gpu.l2_flush(arch)
+    return lambda r: bench_gpu.time_flushed(r.call, r.sync, flush, budget_s)
+
+
+def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None,
+                     arch="sm_90"):
+    """One Row for workload `name`: every system built, checked against the reference, then timed in
+    `rounds` interleaved rounds (order rotated each round); ms is the median over all samples.
+    target "cuda" (compiled for `arch`) needs a GPU; bench_gpu.no_gpu_reason() says whether."""
     w = _load(name, size)
-    t = resolve(target)
-    calls, skipped, compile_s = _callables(w, systems, t, runtime_threads(), logs)
+    t = resolve(target, arch=arch)
+    if is_gpu(t):
+        from . import bench_gpu
+
+        bench_gpu.use_nvcc_without_nvrtc()
+    calls, skipped = _callables(w, systems, t, runtime_threads(), logs)
     ref = w.reference(*w.inputs())
-    row = Row(name, skipped=skipped, compile_s=compile_s)
-    for s, (_, res, launches) in calls.items():
-        row.ok[s] = bool(_close(res, ref, w))
-        if launches is not None:
-            row.launches[s] = launches
+    rtol, atol = (max(w.rtol, 1e-3), max(w.atol, 1e-4)) if is_gpu(t) else (w.rtol, w.atol)
+    row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s})
+    for s, r in calls.items():
+        row.ok[s] = bool(_close(r.out, ref, rtol, atol))
+        if r.launches is not None:
+            row.launches[s], row.ran[s] = r.launches, r.ran
+    sample = _sampler(t, arch, budget_s)
     samples = {s: [] for s in calls}
     order = list(calls)
-    for r in range(rounds):
-        for s in order[r % len(order):] + order[: r % len(order)]:
-            samples[s].append(_time(calls[s][0], budget_s))
+    for i in range(rounds):
+        for s in order[i % len(order):] + order[: i % len(order)]:
+            samples[s] += sample(calls[s])
     row.ms = {s: statistics.median(v) * 1e3 for s, v in samples.items()}
+    row.samples = {s: len(v) for s, v in samples.items()}
     return row
 
 
@@ -175,13 +232,13 @@ def summary(rows, systems):
     """Markdown: one line per workload, then the geometric means the targets are stated in."""
     ratio_cols = [(a, b) for a, b in (("tvmfuse", "tvm"), ("tvmfuse", "onnxruntime"), ("tvmfuse", "torch"),
                                       ("tvmfuse+tuned", "tvm+tuned")) if a in systems and b in systems]
-    head = (["workload"] + [f"{s} ms" for s in systems] + ["launches tvm/tvmfuse"]
+    head = (["workload"] + [f"{s} ms" for s in systems] + ["launches tvm/tvmfuse", "ran tvm/tvmfuse"]
             + [f"{a} vs {b}" for a, b in ratio_cols] + ["tvmfuse vs best peer", "numerics"])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     fmt = lambda x: f"{x:.2f}x" if x else "-"
     for r in rows:
         cells = [r.workload] + [f"{r.ms[s]:.3f}" if s in r.ms else "-" for s in systems]
-        cells.append(f"{r.launches.get('tvm', '-')}/{r.launches.get('tvmfuse', '-')}")
+        cells += [f"{d.get('tvm', '-')}/{d.get('tvmfuse', '-')}" for d in (r.launches, r.ran)]
         cells += [fmt(r.ratio(a, b)) for a, b in ratio_cols]
         peer = best_peer(r)
         cells.append(f"{fmt(r.ratio('tvmfuse', peer))} ({peer})" if peer else "-")
@@ -195,6 +252,10 @@ def summary(rows, systems):
     g = geomean([r.ratio("tvmfuse", best_peer(r)) for r in rows if best_peer(r)])
     if g:
         lines.append(f"- geometric mean, tvmfuse vs the best peer of each workload: {g:.2f}x")
+    skips = {(s, why): [r.workload for r in rows if r.skipped.get(s) == why]
+             for r in rows for s, why in r.skipped.items()}
+    for (s, why), names in skips.items():
+        lines.append(f"- {s} skipped ({why}): " + ("all workloads" if len(names) == len(rows) else ", ".join(names)))
     compiles = [f"{r.workload} {r.compile_s['torch.compile']:.1f}s" for r in rows if "torch.compile" in r.compile_s]
     if compiles:
         lines.append("- torch.compile compile time (first call): " + ", ".join(compiles))

@@ -7,6 +7,10 @@ per call, launches, ratios, numerics checked against numpy), the geometric means
 roofline: memory bandwidth and matmul throughput measured in the same run, each memory-bound
 workload's latency as a multiple of its bandwidth bound, GFLOP/s of the compute-heavy ones.
 --quick: small shapes, few rounds, no roofline (a smoke run).
+--target cuda: the same on tvm.cuda(0) (see tvmfuse/bench_gpu.py): an L2 flush before every timed
+call, medians of single calls, launches counted while running next to the static count, peers on
+the GPU where their runtime has CUDA (else skipped, with the reason). Without a GPU it stops at
+once with exit code 3.
 """
 from __future__ import annotations
 
@@ -34,6 +38,9 @@ def add_arguments(ap):
                          f"real models) or everything. "
                          f"Zoo: {', '.join(workloads.names())}. Models: {', '.join(models.names())}")
     ap.add_argument("--size", default="bench", choices=workloads.SIZES)
+    ap.add_argument("--target", default="llvm", choices=("llvm", "cuda"),
+                    help="llvm: this CPU; cuda: tvm.cuda(0) (needs a GPU)")
+    ap.add_argument("--arch", default="sm_90", help="CUDA architecture to compile for (with --target cuda)")
     ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
@@ -52,6 +59,15 @@ def run(args):
     from .errors import TvmfuseError
     from .target import resolve, runtime_threads
 
+    gpu = args.target == "cuda"
+    if gpu:
+        from .bench_gpu import NO_GPU_EXIT, no_gpu_reason
+
+        reason = no_gpu_reason()
+        if reason:  # before minutes of building
+            print(f"error: --target cuda: {reason}; run it on a machine with a GPU, or use --target llvm",
+                  file=sys.stderr)
+            return NO_GPU_EXIT
     if args.quick:
         args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
@@ -79,22 +95,28 @@ def run(args):
     t0 = time.time()
     rows = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
-        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, logs=args.logs))
+        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, args.target,
+                                           args.logs, args.arch))
     table = bench.summary(rows, systems)
-    if not args.no_roofline:
+    if not args.no_roofline and not gpu:  # the roofline measures this CPU
         from . import roofline
 
         table += "\n\n" + bench.roofline_table(rows, args.size, systems, roofline.bandwidth_gbs(),
                                                roofline.matmul_peak_gflops(), roofline.last_level_cache_bytes())
-    target = resolve("llvm")
-    header = (f"target {target}, {runtime_threads()} threads for every system, {args.size} shapes, "
-              f"{args.rounds} rounds x {args.budget}s per system, "
+    target = resolve(args.target, arch=args.arch)
+    if gpu:
+        from .bench_gpu import describe_timing
+
+        timing = describe_timing(args.arch)
+    else:
+        timing = f"{runtime_threads()} threads for every system"
+    header = (f"target {target}, {timing}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
               f"{time.time() - t0:.0f}s in all")
     print(header + "\n\n" + table)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"target": str(target), "size": args.size, "rounds": args.rounds,
-                       "rows": [r.as_dict() for r in rows]}, f, indent=2)
+            json.dump({"command": " ".join(sys.argv), "target": str(target), "timing": timing, "size": args.size,
+                       "rounds": args.rounds, "rows": [r.as_dict() for r in rows]}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(header + "\n\n" + table + "\n")

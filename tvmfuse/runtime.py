@@ -18,6 +18,7 @@ import tvm
 from tvm import relax
 
 from .relax_utils import call_tir_sites, tensor_bytes
+from .target import is_gpu
 
 
 @dataclass
@@ -115,13 +116,30 @@ class KernelCounter:
         return {k: v for k, v in self.counts.items() if not k.startswith("vm.builtin")}
 
 
-def dynamic_launches(compiled, args) -> tuple[int, dict]:
+def weighted_launches(calls: dict[str, int], kernels_per_func: dict[str, int] | None) -> int:
+    """Kernel launches from PrimFunc call counts: each call of PrimFunc f launches
+    kernels_per_func[f] kernels (0 where f has none: it ran on the host); with None (CPU), each
+    call is one launch."""
+    if kernels_per_func is None:
+        return sum(calls.values())
+    return sum(n * kernels_per_func.get(f, 0) for f, n in calls.items())
+
+
+def dynamic_launches(compiled, args, kernels_per_func: dict[str, int] | None = None) -> tuple[int, dict]:
+    """Run main once with a KernelCounter: (kernel launches counted while running, per PrimFunc
+    {"calls", "launches", "ms"}). Each PrimFunc call is weighted by the kernels it holds:
+    `kernels_per_func`, by default the compiled module's own (its __global__ kernels on CUDA, one
+    per PrimFunc on CPU). Unlike the static count (call sites of main), it counts what ran."""
+    if kernels_per_func is None and is_gpu(compiled.target):
+        kernels_per_func = compiled.kernels_per_func()
     vm = compiled.vm()
     kc = KernelCounter(compiled.device)
     vm.set_instrument(kc)
     vm["main"](*args)
     k = kc.kernels()
-    return sum(k.values()), {n: {"calls": k[n], "ms": kc.times[n] * 1e3} for n in k}
+    per = {n: {"calls": k[n], "launches": weighted_launches({n: k[n]}, kernels_per_func),
+               "ms": kc.times[n] * 1e3} for n in k}
+    return weighted_launches(k, kernels_per_func), per
 
 
 def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> list[dict]:
