@@ -122,24 +122,29 @@ class FullReduction(ScheduleRule):
         for b in chain.blocks:  # TVM's rfactor trips over sibling blocks that have no loop
             if not sch.get_loops(b):
                 sch.add_unit_loop(b)
-        chunks = []
+        chunks, blocks = [], []
         for b in chain.reductions:
             p = _parallel_partials(sch, b)
             if p is None:
                 return None
-            chunks.append(p)
+            chunks.append(p[0])
+            blocks.append(p[1])
         # merge puts the merged loop where its last argument stood: pass the first chunk loop last,
         # so every partial is computed before any block that reads it (checked, not assumed)
         merged = sch.merge(*reversed(chunks)) if len(chunks) > 1 else chunks[0]
         first = sch.get_child_blocks(sch.get_sblock("root"))[0]
         if not sch.get(sch.get_loops(first)[0]).same_as(sch.get(merged)):
             raise ValueError("merged chunk loop is not the first stage")  # the rule declines
+        if len(blocks) > 1 and len({extent(sch, b) for b in blocks}) == 1:
+            sch.merge(*reversed(blocks))  # within a chunk, block by block: the siblings re-read it from L1
         sch.parallel(merged)
         return sch.mod["main"]
 
 
 def _parallel_partials(sch, block_rv):
-    """rfactor twice: chunks (parallel) x lanes (vector). Returns the chunk loop, or None."""
+    """rfactor twice: chunks (parallel) x blocks x vectors x lanes (vector), a block being
+    `reduction_block` elements where they divide a chunk (else the whole chunk). Returns the chunk
+    loop and the block loop, or None."""
     red = [lp for lp in sch.get_loops(block_rv) if extent(sch, lp) != 1]
     fused = sch.fuse(*red) if len(red) > 1 else red[0]
     n = extent(sch, fused)
@@ -147,12 +152,19 @@ def _parallel_partials(sch, block_rv):
     chunks = CPU["reduction_chunks"]
     if not n or n % (chunks * v) or n // (chunks * v) < 2:
         return None
-    p, _, ki = sch.split(fused, [chunks, None, v])
+    acc = CPU["reduction_accumulators"]  # independent vector partials: the adds' latency overlaps
+    if n % (chunks * v * acc) == 0 and n // (chunks * v * acc) >= 2:
+        v *= acc  # one vector of acc x lanes: LLVM splits it into acc registers
+    per_block = max(1, CPU["reduction_block"] // v)
+    if (n // (chunks * v)) % per_block:
+        per_block = n // (chunks * v)
+    p, _, _, ki = sch.split(fused, [chunks, None, per_block, v])
     per_chunk = sch.rfactor(p, factor_axis=0)
     ki = sch.get_loops(per_chunk)[-1]
     vec = sch.rfactor(ki, factor_axis=1)
     sch.vectorize(sch.get_loops(vec)[-1])
-    return sch.get_loops(vec)[0]
+    loops = sch.get_loops(vec)
+    return loops[0], loops[1]
 
 
 

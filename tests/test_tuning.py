@@ -219,3 +219,22 @@ def test_cuda_without_gpu_fails_fast_and_names_rpc(tmp_path):
         pytest.skip("a GPU is present: CUDA tuning would run locally")
     with pytest.raises(DeviceUnavailableError, match="--rpc-tracker"):
         tune(tiny_model(), "cuda", trials=2, logs=str(tmp_path))
+
+
+@pytest.mark.parametrize("fusion", ["tvm", "tvmfuse"])
+def test_every_zoo_task_has_a_design_space_and_a_default(fusion):
+    """MetaSchedule can tune every kernel of the zoo (its design space generates: the conv group with
+    its batch-norm epilogue used to fail in reverse_compute_at), and the never-slower rule has a
+    default schedule to measure each task against (the default rules schedule its source form)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from tvmfuse import workloads
+    from tvmfuse.tuning.measure import default_scheduled
+
+    target = resolve("llvm")
+    for name in workloads.names():
+        for t in extract(fused_module(workloads.get(name, "small").mod, target, fusion)):
+            ctx = ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
+                                 search_strategy="evolutionary", num_threads=1)
+            assert len(ctx.generate_design_space()) >= 1, (name, t.name)
+            assert default_scheduled(t.source, target) is not None, (name, t.name)

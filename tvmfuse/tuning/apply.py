@@ -3,7 +3,7 @@
 Contract: takes the module after the variant's graph passes (before the default schedules) and
 returns it with every PrimFunc whose workload has a record that won against the default schedule
 (`tasks.json`: use_tuned) replaced by that record's schedule, through MetaSchedule's own
-`MetaScheduleApplyDatabase`. Those PrimFuncs carry `tirx.is_scheduled` (so the default rules skip
+`MetaScheduleApplyDatabase` queried with each function's tuning form (tasks.tuning_form). Those PrimFuncs carry `tirx.is_scheduled` (so the default rules skip
 them) and `tvmfuse.tuned` = the workload key. Everything else is left for the default schedules.
 No logs folder for the target means nothing to apply. Nothing is measured here.
 """
@@ -19,7 +19,7 @@ from tvm.s_tir import meta_schedule as ms
 from . import decisions
 from .database import DurableDatabase, workload_key
 from .keys import target_dir, target_key
-from .tasks import normalize
+from .tasks import normalize, tuning_form
 
 log = logging.getLogger("tvmfuse.tuning")
 
@@ -56,13 +56,15 @@ def apply_logs(mod: tvm.IRModule, target: tvm.target.Target, logs: str) -> tvm.I
     db, n = winning_database(folder)
     if n == 0:
         return mod
-    before = {gv.name_hint for gv, f in mod.functions_items()
-              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and f.attrs.get("tirx.is_scheduled")}
+    unscheduled = {gv.name_hint for gv, f in mod.functions_items()
+                   if isinstance(f, tvm.tirx.PrimFunc) and not (f.attrs and f.attrs.get("tirx.is_scheduled"))}
+    query = tvm.IRModule({gv: tuning_form(f) if gv.name_hint in unscheduled else f
+                          for gv, f in mod.functions_items()}, attrs=mod.attrs)  # the form tasks.py tuned
     with target, db, tvm.transform.PassContext(opt_level=3):
-        out = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(mod)
-    out = tvm.IRModule(dict(out.functions_items()), attrs=out.attrs)
-    for gv, f in list(out.functions_items()):
-        if (isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint not in before and f.attrs
+        tuned = relax.transform.MetaScheduleApplyDatabase(enable_warning=False)(query)
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)  # the rest keep their own form
+    for gv, f in tuned.functions_items():
+        if (isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint in unscheduled and f.attrs
                 and f.attrs.get("tirx.is_scheduled")):
-            out[gv] = f.with_attr("tvmfuse.tuned", workload_key(normalize(mod[gv])))
+            out[gv] = f.with_attr("tvmfuse.tuned", workload_key(normalize(query[gv])))
     return out

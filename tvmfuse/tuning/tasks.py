@@ -5,9 +5,17 @@ Contract
   `tvmfuse.build` runs) and stops before the default schedules, so the PrimFuncs are exactly the ones
   the build will look up in the database.
 - `extract(mod)` gives one `Task` per structurally distinct, unscheduled PrimFunc. Its `mod` is
-  normalized the way `MetaScheduleApplyDatabase` normalizes a function before querying
-  (`s_tir.meta_schedule.normalize_mod`), so a record found here is the record applied at build,
-  in this model or in any other model with the same PrimFunc.
+  the function's tuning form (`tuning_form`), normalized the way `MetaScheduleApplyDatabase`
+  normalizes a function before querying (`s_tir.meta_schedule.normalize_mod`), so a record found
+  here is the record applied at build (apply.py queries with the same form), in this model or in
+  any other model with the same PrimFunc. `source` is the function as the build schedules it by
+  default: the never-slower rule measures the default schedule on it.
+- `tuning_form(func)`: the function with its index arithmetic simplified (StmtSimplify). A fused
+  group reads per-channel parameters through reshape stages indexed `(c + h + w) % C`; MetaSchedule's
+  AutoInline takes that for a non-injective read and keeps the stage, and its tiling of the group
+  then fails (reverse_compute_at). Simplified, the index is `c` and the group tunes. The default
+  rules keep the unsimplified form (dlight's analysis needs the trivial unit-loop bindings that
+  StmtSimplify folds away).
 """
 from __future__ import annotations
 
@@ -24,9 +32,10 @@ from ..relax_utils import call_tir_sites
 @dataclass
 class Task:
     name: str  # the PrimFunc's name in the module (first one if several share the workload)
-    mod: tvm.IRModule  # normalized {"main": PrimFunc}
+    mod: tvm.IRModule  # normalized {"main": tuning_form(PrimFunc)}: what MetaSchedule tunes
     weight: int  # call sites in main
     key: str = ""  # workload structural hash, filled by the driver
+    source: tvm.IRModule | None = None  # normalized {"main": PrimFunc}: what the default rules schedule
 
 
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target, fusion: str, knobs: dict | None = None):
@@ -39,6 +48,10 @@ def normalize(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
     return _normalize_mod(func)
 
 
+def tuning_form(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    return tvm.s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+
+
 def extract(mod: tvm.IRModule) -> list[Task]:
     calls: dict[str, int] = {}
     for _, gv, _, _ in call_tir_sites(mod["main"]):
@@ -47,7 +60,7 @@ def extract(mod: tvm.IRModule) -> list[Task]:
     for gv, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled")):
             continue
-        norm = normalize(func)
+        norm = normalize(tuning_form(func))
         weight = calls.get(gv.name_hint, 0)
         if weight == 0:
             continue
@@ -55,5 +68,5 @@ def extract(mod: tvm.IRModule) -> list[Task]:
         if same:
             same.weight += weight
         else:
-            tasks.append(Task(gv.name_hint, norm, weight))
+            tasks.append(Task(gv.name_hint, norm, weight, source=normalize(func)))
     return tasks

@@ -127,7 +127,7 @@ class _Session:
                 d.weight_ms = d.default_ms  # logs written before weight_ms existed
         missing = [t for t in tasks if t.key not in self.state or self.state[t.key].weight_ms is None]
         if missing:
-            secs = measure.measure([measure.default_scheduled(t.mod, self.target) for t in missing], self.target,
+            secs = measure.measure([measure.default_scheduled(t.source, self.target) for t in missing], self.target,
                                    self.exact_builder, self.runner)
             for t, sec in zip(missing, secs):
                 d = self.state.get(t.key) or decisions.Decision(t.key, t.name, 0, None, None, False, str(self.target))
@@ -187,7 +187,7 @@ class _Session:
         for task, _ in pairs:
             sch = self.db.query_schedule(task.mod, target=self.target, workload_name="main")
             mods.append(sch.mod if sch is not None and _best_ms(self.db, task.mod) is not None else None)
-            mods.append(measure.default_scheduled(task.mod, self.target))
+            mods.append(measure.default_scheduled(task.source, self.target))
         secs = measure.measure(mods, self.target, self.exact_builder, self.runner) if pairs else []
         for k, (task, res) in enumerate(pairs):
             d, (tuned_s, default_s) = self.state[task.key], secs[2 * k: 2 * k + 2]
