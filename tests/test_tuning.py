@@ -224,7 +224,8 @@ def test_cuda_without_gpu_fails_fast_and_names_rpc(tmp_path):
 @pytest.mark.parametrize("fusion", ["tvm", "tvmfuse"])
 def test_every_zoo_task_has_a_design_space_and_a_default(fusion):
     """MetaSchedule can tune every kernel of the zoo (its design space generates: the conv group with
-    its batch-norm epilogue used to fail in reverse_compute_at), and the never-slower rule has a
+    its batch-norm epilogue used to fail in reverse_compute_at; and a matmul or conv keeps its
+    multi-level tiling, which a StmtSimplify'd form lost), and the never-slower rule has a
     default schedule to measure each task against (the default rules schedule its source form)."""
     from tvm.s_tir import meta_schedule as ms
 
@@ -236,5 +237,8 @@ def test_every_zoo_task_has_a_design_space_and_a_default(fusion):
         for t in extract(fused_module(workloads.get(name, "small").mod, target, fusion)):
             ctx = ms.TuneContext(mod=t.mod, target=target, space_generator="post-order-apply",
                                  search_strategy="evolutionary", num_threads=1)
-            assert len(ctx.generate_design_space()) >= 1, (name, t.name)
+            spaces = ctx.generate_design_space()
+            assert len(spaces) >= 1, (name, t.name)
+            if "conv2d" in t.name or "matmul" in t.name:  # the multi-level tiling is in the space
+                assert any("sample_perfect_tile" in str(s.trace) for s in spaces), (name, t.name)
             assert default_scheduled(t.source, target) is not None, (name, t.name)

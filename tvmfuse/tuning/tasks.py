@@ -10,12 +10,13 @@ Contract
   here is the record applied at build (apply.py queries with the same form), in this model or in
   any other model with the same PrimFunc. `source` is the function as the build schedules it by
   default: the never-slower rule measures the default schedule on it.
-- `tuning_form(func)`: the function with its index arithmetic simplified (StmtSimplify). A fused
+- `tuning_form(func)`: the function with its stages that only copy a parameter inlined. A fused
   group reads per-channel parameters through reshape stages indexed `(c + h + w) % C`; MetaSchedule's
-  AutoInline takes that for a non-injective read and keeps the stage, and its tiling of the group
-  then fails (reverse_compute_at). Simplified, the index is `c` and the group tunes. The default
-  rules keep the unsimplified form (dlight's analysis needs the trivial unit-loop bindings that
-  StmtSimplify folds away).
+  AutoInline keeps such a stage (it takes the `%` read for non-injective), and its tiling of the
+  group's epilogue then fails (reverse_compute_at: producers outside the loop), so the whole task
+  errors. Inlined, the epilogue reads the parameter itself. (StmtSimplify would also remove the
+  `%`, but it folds the unit-loop bindings that MetaSchedule's multi-level tiling and dlight's
+  analysis need: every trial came out untiled.) The default rules keep the source form.
 """
 from __future__ import annotations
 
@@ -49,7 +50,30 @@ def normalize(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
 
 
 def tuning_form(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    return tvm.s_tir.transform.StmtSimplify()(tvm.IRModule({"main": func}))["main"]
+    sch = tvm.s_tir.Schedule(func)
+    root = sch.get_sblock("root")
+    local = {b.name for b in sch.get(root).alloc_buffers}
+    inlined = True
+    while inlined:  # one at a time: inlining changes the blocks
+        inlined = False
+        for b in sch.get_child_blocks(root):
+            if _copies_a_parameter(sch.get(b), local):
+                try:
+                    sch.compute_inline(b)
+                except tvm.s_tir.ScheduleError:
+                    continue
+                inlined = True
+                break
+    return sch.mod["main"]
+
+
+def _copies_a_parameter(block, local) -> bool:
+    """A stage that only re-indexes function parameters into a buffer of the group (a reshape of a
+    batch-norm vector): value = param[index]."""
+    body = block.body
+    return (isinstance(getattr(body, "value", None), tvm.ir.TensorLoad) and len(block.reads) > 0
+            and all(r.source.name not in local for r in block.reads)
+            and all(w.source.name in local for w in block.writes))
 
 
 def extract(mod: tvm.IRModule) -> list[Task]:
