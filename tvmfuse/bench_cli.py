@@ -76,10 +76,8 @@ def run(args):
     bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
     from . import models
 
-    from .roofline import flops
-
     groups = {"all": workloads.names(), "models": models.names(), "everything": workloads.names() + models.names(),
-              "memory": [n for n in workloads.names() if flops(workloads.get(n)) is None]}
+              "memory": list(bench.MEMORY_BOUND)}
     names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
     try:
         if bad:
