@@ -135,8 +135,14 @@ def _tile(sch, conv, n_red):
 
 
 def _vectorize_last(sch, block_rv):
+    """The innermost loop as one vector when it fits a register (the tile's 14 columns: LLVM
+    covers an odd width with a few vector ops), else split by the widest dividing power of two."""
     last = sch.get_loops(block_rv)[-1]
     n = extent(sch, last)
-    v = _widest_dividing(n, lanes(block_bits(sch, block_rv))) if n else 1
+    width = lanes(block_bits(sch, block_rv))
+    if n and 1 < n <= width:
+        sch.vectorize(last)
+        return
+    v = _widest_dividing(n, width) if n else 1
     if v > 1:
         sch.vectorize(sch.split(last, [None, v])[1])

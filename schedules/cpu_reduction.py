@@ -9,7 +9,7 @@ Schedule:
   row loop in program order (reverse_compute_at), so a row is read from memory once and every
   intermediate of the row lives in a row-sized buffer allocated inside the loop (cache resident)
 - spatial stages: inner loops fused and vectorized (lanes from the CPU table, a divisor of the row)
-- reductions: the row is reduced in `lanes` x `reduction_accumulators` partial sums (rfactor: a
+- reductions: the row is reduced in `lanes` x `row_accumulators` partial sums (rfactor: a
   few independent vector registers), then the partials are reduced; the same reassociation every
   vectorized BLAS/numpy reduction makes.
 """
@@ -79,11 +79,10 @@ def _vectorize_inner(sch, block_rv, row):
         sch.vectorize(sch.split(fused, [None, v])[1])
 
 
-def _with_accumulators(n, v):
-    """The partials' width: `reduction_accumulators` vectors of v lanes where they divide the n
-    elements at least twice (one vector of acc x v lanes, which LLVM splits into acc registers:
-    independent adds, so their latency overlaps), else v."""
-    acc = CPU["reduction_accumulators"]
+def _with_accumulators(n, v, acc):
+    """The partials' width: `acc` vectors of v lanes where they divide the n elements at least
+    twice (one vector of acc x v lanes, which LLVM splits into acc registers: independent adds, so
+    their latency overlaps), else v."""
     return v * acc if n % (v * acc) == 0 and n // (v * acc) >= 2 else v
 
 
@@ -96,7 +95,7 @@ def _split_partials(sch, block_rv, rows):
     v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
     if v == 1 or n == v:
         return None
-    v = _with_accumulators(n, v)
+    v = _with_accumulators(n, v, CPU["row_accumulators"])
     _, ki = sch.split(fused, [None, v])
     return sch.rfactor(ki, factor_axis=len(sch.get(block_rv).writes[0].region))
 
@@ -162,7 +161,7 @@ def _parallel_partials(sch, block_rv):
     chunks = CPU["reduction_chunks"]
     if not n or n % (chunks * v) or n // (chunks * v) < 2:
         return None
-    v = _with_accumulators(n // chunks, v)
+    v = _with_accumulators(n // chunks, v, CPU["reduction_accumulators"])
     per_block = max(1, CPU["reduction_block"] // v)
     if (n // (chunks * v)) % per_block:
         per_block = n // (chunks * v)
