@@ -14,6 +14,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 from tvm.relax import op as R
+from tvm.script import tirx as T
 
 import schedules
 import tvmfuse
@@ -242,3 +243,17 @@ def test_every_zoo_task_has_a_design_space_and_a_default(fusion):
             if "conv2d" in t.name or "matmul" in t.name:  # the multi-level tiling is in the space
                 assert any("sample_perfect_tile" in str(s.trace) for s in spaces), (name, t.name)
             assert default_scheduled(t.source, target) is not None, (name, t.name)
+
+
+def test_tuning_form_leaves_blockless_tir_alone():
+    """Hand-written TIR with no blocks (the cumsum scan a GPT-2 import carries) has nothing to
+    inline: tuning_form returns it as it is instead of failing the build that applies the logs."""
+    from tvmfuse.tuning.tasks import tuning_form
+
+    @T.prim_func
+    def scan(a: T.Buffer((8,), "float32"), b: T.Buffer((8,), "float32")):
+        b[0] = a[0]
+        for i in range(7):
+            b[i + 1] = b[i] + a[i + 1]
+
+    assert tvm_ffi.structural_equal(tuning_form(scan), scan)

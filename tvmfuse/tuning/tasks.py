@@ -51,7 +51,10 @@ def normalize(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
 
 def tuning_form(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     sch = tvm.s_tir.Schedule(func)
-    root = sch.get_sblock("root")
+    try:
+        root = sch.get_sblock("root")
+    except tvm.s_tir.ScheduleError:  # hand-written TIR without blocks (a scan, a sort): as it is
+        return func
     local = {b.name for b in sch.get(root).alloc_buffers}
     inlined = True
     while inlined:  # one at a time: inlining changes the blocks
