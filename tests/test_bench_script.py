@@ -50,3 +50,20 @@ def test_bench_runs_a_real_model(tmp_path):
     (row,) = json.loads(out.read_text())["rows"]
     assert set(row["ms"]) == {"tvm", "tvmfuse", "torch"} and all(row["ok"].values())
     assert row["skipped"] == {"numpy": "not wired for real models"}
+
+
+def test_the_system_after_numpy_waits_for_openblas_to_stop_spinning(monkeypatch):
+    """numpy's OpenBLAS workers spin ~0.1 s after a call and slowed the next system by 20%: the
+    benchmark sleeps BLAS_SPIN_S after timing numpy, every round, and only then."""
+    import numpy as np
+
+    from tvmfuse import bench
+
+    events = []
+    ready = {s: bench.Ready(call=lambda s=s: events.append(s), out=np.zeros(1)) for s in ("tvm", "numpy", "torch")}
+    monkeypatch.setattr(bench, "_callables", lambda *a, **k: (ready, {}))
+    monkeypatch.setattr(bench.time, "sleep", lambda s: events.append(f"sleep {s}"))
+    bench.measure_workload("bias_relu_dropout", "small", ("tvm", "numpy", "torch"), rounds=3, budget_s=0.0)
+    sleeps = [i for i, e in enumerate(events) if e.startswith("sleep")]
+    assert len(sleeps) == 3 and all(events[i - 1] == "numpy" for i in sleeps)
+    assert all(e == f"sleep {bench.BLAS_SPIN_S}" for e in (events[i] for i in sleeps))
