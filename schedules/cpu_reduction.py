@@ -170,8 +170,10 @@ def _parallel_partials(sch, block_rv):
     ki = sch.get_loops(per_chunk)[-1]
     vec = sch.rfactor(ki, factor_axis=1)
     sch.vectorize(sch.get_loops(vec)[-1])
-    loops = sch.get_loops(vec)
-    return loops[0], loops[1]
+    loops = sch.get_loops(vec)  # [unit loops of the 0-d output..., chunk, block, vector, lanes]
+    k = next(i for i, lp in enumerate(loops) if extent(sch, lp) == chunks)
+    chunk = sch.fuse(*loops[: k + 1]) if k else loops[0]  # the chunk loop outermost (it is parallel)
+    return chunk, sch.get_loops(vec)[1]
 
 
 

@@ -42,6 +42,18 @@ def test_scalar_reductions_take_the_full_reduction_rule():
     assert set(_rules(built("multi_reduce", "tvmfuse")).values()) == {"cpu.FullReduction"}
 
 
+def test_full_reduction_runs_its_chunks_in_parallel():
+    """The chunk loop is the outermost loop and the parallel one. It used to be the 0-d output's
+    unit loop that got the parallel annotation: every chunk ran on one thread (multi_reduce at
+    large shapes: 5.6 ms on 1 thread or 2, 2.9 ms once fixed)."""
+    from schedules.targets import CPU
+
+    mod = tvmfuse.prepare(workloads.get("multi_reduce", "small").mod, "llvm", "tvmfuse")
+    (func,) = [f for _, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    parallel = re.findall(r"in T\.parallel\((?:T\.int64\()?(\d+)", func.script())
+    assert parallel == [str(CPU["reduction_chunks"])]
+
+
 def _softmax_module(shape):
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, "float32"))
