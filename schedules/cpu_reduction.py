@@ -36,8 +36,7 @@ class RowReduction(ScheduleRule):
             return None
         order, partials = [], {}
         for b in chain.blocks:  # rfactor first: it needs the reduction's loops to itself
-            rf = _split_partials(sch, b, chain.rows) if b in chain.reductions else None
-            if rf is not None:
+            for rf in _split_partials(sch, b, chain.rows) if b in chain.reductions else []:
                 partials[len(order)] = rf
                 order.append(rf)
             order.append(b)
@@ -87,17 +86,25 @@ def _with_accumulators(n, v, acc):
 
 
 def _split_partials(sch, block_rv, rows):
-    """Reduce the row into `lanes` partial results (rfactor); returns the partials' block or None
-    when the row is too short to split. Runs while the reduction still has its own loop nest."""
+    """Reduce the row into `lanes` partial results (rfactor), then those into `row_partials_tree`
+    (a second rfactor, vectorized too) where they divide them, so the serial sum left at the end
+    of each row is that short. Returns the partials' blocks in program order (none when the row is
+    too short to split). Runs while the reduction still has its own loop nest."""
     red = sch.get_loops(block_rv)[rows:]
     fused = sch.fuse(*red) if len(red) > 1 else red[0]
     n = extent(sch, fused)
     v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
     if v == 1 or n == v:
-        return None
+        return []
     v = _with_accumulators(n, v, CPU["row_accumulators"])
     _, ki = sch.split(fused, [None, v])
-    return sch.rfactor(ki, factor_axis=len(sch.get(block_rv).writes[0].region))
+    axis = len(sch.get(block_rv).writes[0].region)
+    rf = sch.rfactor(ki, factor_axis=axis)
+    tree = CPU["row_partials_tree"]
+    if not 1 < tree < v or v % tree:
+        return [rf]
+    _, k1 = sch.split(sch.get_loops(block_rv)[-1], [None, tree])
+    return [rf, sch.rfactor(k1, factor_axis=axis)]
 
 
 def _vectorize_partials(sch, rf, row, moved):
