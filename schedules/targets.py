@@ -6,10 +6,10 @@ CPU = {
     "max_vector_lanes": 16,
     "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
-    "reduction_accumulators": 4,  # ... into this many vector registers of partials each (one would chain every add on the last)
-    "row_partials_tree": 16,  # ... whose lanes x accumulators partials are summed to this many in vector form first (0: off)
-    "row_accumulators": 2,  # a row reduction's partials: vector registers (more partials cost a longer per-row final sum)
+    "reduction_accumulators": 4,  # ... reduced into this many vector registers each (one would chain every add)
     "reduction_block": 2048,  # ... swept block by block (8 KiB of float32: every sibling re-reads it from L1)
+    "row_accumulators": 2,  # a row reduction's partials: vector registers (more cost a longer per-row final sum)
+    "row_partials_tree": 16,  # ... and its partials summed to this many in vector form before the serial sum (0: off)
     "transpose_tile": 16,  # a transposing copy is done in square tiles of this side
     "mm_rows": 8,  # matmul micro-kernel height MR (rows of A broadcast per k)
     "mm_col_vectors": 2,  # micro-kernel width NR in vector registers: MR x NR/lanes accumulators

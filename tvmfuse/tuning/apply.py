@@ -3,8 +3,9 @@
 Contract: takes the module after the variant's graph passes (before the default schedules) and
 returns it with every PrimFunc whose workload has a record that won against the default schedule
 (`tasks.json`: use_tuned) replaced by that record's schedule, through MetaSchedule's own
-`MetaScheduleApplyDatabase` queried with each function's tuning form (tasks.tuning_form). Those PrimFuncs carry `tirx.is_scheduled` (so the default rules skip
-them) and `tvmfuse.tuned` = the workload key. Everything else is left for the default schedules.
+`MetaScheduleApplyDatabase` queried with each function's tuning form (tasks.tuning_form). Those
+PrimFuncs carry `tirx.is_scheduled` (so the default rules skip them) and `tvmfuse.tuned` = the
+workload key. Everything else is left for the default schedules.
 No logs folder for the target means nothing to apply. Nothing is measured here.
 """
 from __future__ import annotations
