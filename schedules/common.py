@@ -87,14 +87,20 @@ def block_bits(sch, block_rv):
 
 
 def schedule_spatial(sch, info):
-    loops = info.get_loops()
+    schedule_spatial_block(sch, info.block_rv)
+
+
+def schedule_spatial_block(sch, block_rv):
+    """A spatial block: a transposing copy in tiles, else every loop fused, parallel outer and
+    vectorized inner where the extent allows."""
+    loops = sch.get_loops(block_rv)
     if not loops:  # a 0-d output (the divide of a full mean): nothing to parallelise
         return
-    if _tile_transpose(sch, info, loops):
+    if _tile_transpose(sch, block_rv, loops):
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
-    n = lanes(block_bits(sch, info.block_rv))
+    n = lanes(block_bits(sch, block_rv))
     if ext is not None and ext % n == 0 and ext >= n * CPU["min_parallel_extent"]:
         outer, inner = sch.split(fused, [None, n])
         sch.parallel(outer)
@@ -103,11 +109,11 @@ def schedule_spatial(sch, info):
         sch.parallel(fused)
 
 
-def _tile_transpose(sch, info, loops) -> bool:
+def _tile_transpose(sch, block_rv, loops) -> bool:
     """A copy whose innermost output index is not the input's innermost one (a transpose) is done
     in square tiles: the tile's input lines stay in L1 while its output rows are written whole,
     vectorized. Row by row, every load would touch a new cache line. Returns whether it applied."""
-    block = sch.get(info.block_rv)
+    block = sch.get(block_rv)
     body = block.body
     if not (isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.TensorLoad)):
         return False

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial, single_reduction
+from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial_block, single_reduction
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
@@ -36,27 +36,38 @@ class Matmul(ScheduleRule):
             return None
         infos, red = found
         mm = red.block_rv
-        before, after = infos[: infos.index(red)], infos[infos.index(red) + 1:]
+        before = [i.block_rv for i in infos[: infos.index(red)]]
+        after = [i.block_rv for i in infos[infos.index(red) + 1:]]
+        was_output = is_output(sch, mm)
+        producers = {sch.get(b).name_hint for b in sch.get_producers(mm)}
         tile = _tile(sch, mm)
         if tile is None:
             return None
         outer_rows, k = tile
-        _pack_panels(sch, mm)
-        if is_output(sch, mm):  # no epilogue stage: accumulate in a tile, then store it
-            after = [None]
-            sch.reverse_compute_at(sch.cache_write(mm, 0, "global"), outer_rows, preserve_unit_loops=True)
-            _vectorize_tile(sch, sch.get_consumers(mm)[0], outer_rows)
-        for info in after:  # the epilogue joins the tile, in program order
-            if info is None:
-                continue
+        pads = [b for b in sch.get_producers(mm) if sch.get(b).name_hint not in producers]
+        if pads:  # padded (ragged M or N): the un-pad copy is the tile's write-back ...
+            unpad = sch.get_consumers(mm)
+            if was_output:
+                after = unpad
+            else:
+                sch.compute_inline(unpad[0])  # ... or the epilogue reads the padded tile directly
+        elif was_output:  # no epilogue stage: accumulate in a tile, then store it
+            after = [sch.cache_write(mm, 0, "global")]
+        pack, packed = _pack_panels(sch, mm) or (None, None)
+        for block in after:  # the epilogue joins the tile, in program order
             try:
-                sch.reverse_compute_at(info.block_rv, outer_rows, preserve_unit_loops=True)
-                _vectorize_tile(sch, info.block_rv, outer_rows)
+                sch.reverse_compute_at(block, outer_rows, preserve_unit_loops=True)
+                _vectorize_tile(sch, block, outer_rows)
             except s_tir.ScheduleError:  # it also reads a sibling output computed outside the tile
-                schedule_spatial(sch, info)
+                schedule_spatial_block(sch, block)
         sch.decompose_reduction(mm, k)
-        for info in before:  # packed operand copies: their own parallel, vectorized loops
-            schedule_spatial(sch, info)
+        for block in before + pads:  # operand copies: their own parallel, vectorized loops
+            if packed is not None and sch.get(block).name_hint == packed:
+                sch.compute_inline(block)  # the zero-padded B: padded while it is packed
+            else:
+                schedule_spatial_block(sch, block)
+        if pack is not None and _constant_param(sch, pack):  # a weight: packed once, at build time
+            sch.annotate(pack, "meta_schedule.layout_rewrite_preproc", True)  # (passes/prepack_weights.py)
         return sch.mod["main"]
 
 
@@ -69,15 +80,21 @@ def _is_matmul(sch, info) -> bool:
 
 def _tile(sch, mm):
     """Split and reorder the matmul loops into the micro-kernel nest. Returns (the loop the
-    epilogue joins, the loop the accumulator init goes before). (Blocking K as well, 128 to 512,
-    measured no faster on mlp_block here: the packed panel already streams from L2.)"""
-    loops = sch.get_loops(mm)
-    *batch, i, j, k = loops
+    epilogue joins, the loop the accumulator init goes before). Ragged extents (M not a multiple of
+    MR, N not a multiple of NR: a vocabulary of 50257, 197 tokens) are padded first (pad_einsum):
+    the micro-kernel runs on the padded domain with zero-filled operand copies, and only the
+    write-back is predicated. (Blocking K as well, 128 to 512, measured no faster on mlp_block:
+    the packed panel already streams from L2.)"""
+    *batch, i, j, k = sch.get_loops(mm)
     m, n = extent(sch, i), extent(sch, j)
-    v = lanes(block_bits(sch, mm))
-    nr, mr = v * CPU["mm_col_vectors"], CPU["mm_rows"]
-    if not m or not n or n % nr or m % mr:
+    if not m or not n:
         return None
+    v = lanes(block_bits(sch, mm))
+    nr, mr = v * CPU["mm_col_vectors"], min(CPU["mm_rows"], m)
+    nr = min(nr, -(-n // v) * v)  # a narrow N (10 classes) pads to whole vectors, not a whole tile
+    if m % mr or n % nr:
+        sch.pad_einsum(mm, [1] * len(batch) + [mr if m % mr else 1, nr if n % nr else 1, 1])
+        *batch, i, j, k = sch.get_loops(mm)
     i0, i1 = sch.split(i, [None, mr])
     j0, j1 = sch.split(j, [None, nr])
     sch.reorder(*batch, j0, i0, k, i1, j1)
@@ -98,15 +115,27 @@ def _pack_panels(sch, mm):
         if len(used) >= 2 and used[-1] == {j} and used[-2] == {k}:
             break
     else:
-        return  # no [K, N] operand (a transposed weight is packed by its own copy stage)
-    nr = lanes(block_bits(sch, mm)) * CPU["mm_col_vectors"]
+        return None  # no [K, N] operand (a transposed weight is packed by its own copy stage)
+    nr = extent(sch, sch.get_loops(mm)[-1])  # the micro-kernel's width (the vectorized j1)
     if int(r.source.shape[-1]) % nr:
-        return
+        return None
+    source = r.source.name
     pack = sch.cache_read(mm, idx, "global")
     sch.transform_layout(pack, ("write", 0), lambda *ax: (*ax[:-2], ax[-1] // nr, ax[-2], ax[-1] % nr))
     loops = sch.get_loops(pack)
     sch.parallel(sch.fuse(*loops[:-1]))
     sch.vectorize(sch.split(loops[-1], [None, lanes(block_bits(sch, mm))])[1])
+    return pack, source
+
+
+def _constant_param(sch, block_rv) -> bool:
+    """Whether the block reads a parameter that is a constant at every call (MarkConstantParams)."""
+    func = sch.mod["main"]
+    marked = func.attrs.get("tvmfuse.constant_params") if func.attrs else None
+    if not marked:
+        return False
+    params = [func.params[int(i)] for i in marked]  # 0.27: the params are the buffers
+    return any(r.source.same_as(p) for r in sch.get(block_rv).reads for p in params)
 
 
 def _vectorize_tile(sch, block_rv, outer_rows):

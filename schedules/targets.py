@@ -1,9 +1,20 @@
-"""Per-target schedule constants, one table per target kind. Nothing inline in the rules."""
+"""Per-target schedule constants, one table per target kind. Nothing inline in the rules.
 
-CPU = {
-    "vector_bytes": 64,  # AVX-512 register width; the llvm target's mcpu decides what is emitted
-    "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
+The CPU table is derived from the llvm target the rules schedule for (its `mcpu`, so the host's
+CPU for "llvm"): vector width and register count from the ISA, the matmul micro-kernel sized to
+the registers. `CPU` reads the table of the target being scheduled (`for_target`, which
+`apply_rules` enters), the host's outside of it; it is per thread and per build.
+"""
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Mapping
+from functools import lru_cache
+
+_COMMON = {
     "max_vector_lanes": 16,
+    "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
     "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
     "reduction_accumulators": 4,  # ... reduced into this many vector registers each (one would chain every add)
@@ -11,7 +22,6 @@ CPU = {
     "row_accumulators": 2,  # a row reduction's partials: vector registers (more cost a longer per-row final sum)
     "row_partials_tree": 16,  # ... and its partials summed to this many in vector form before the serial sum (0: off)
     "transpose_tile": 16,  # a transposing copy is done in square tiles of this side
-    "mm_rows": 8,  # matmul micro-kernel height MR (rows of A broadcast per k)
     "mm_col_vectors": 2,  # micro-kernel width NR in vector registers: MR x NR/lanes accumulators
     "conv_out_channels": 8,  # conv2d tile: output channels (a broadcast weight each) ...
     "conv_rows": 2,  # ... x output rows ...
@@ -20,6 +30,85 @@ CPU = {
     # stages calling these are not inlined into several consumers (recompute costs more than a re-read)
     "costly_intrinsics": ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt"),
 }
+
+# What the ISA gives: vector register width in bytes and the number of vector registers.
+_ISA = (  # (llvm feature, vector_bytes, vector_registers), first match wins
+    ("avx512f", 64, 32),
+    ("avx2", 32, 16),
+    ("avx", 32, 16),
+    ("neon", 16, 32),
+    ("sse2", 16, 16),
+)
+
+
+def _has(feature: str, target) -> bool:
+    from tvm.target import codegen
+
+    try:
+        return bool(codegen.target_has_features(feature, target))
+    except Exception:  # not an llvm target, or a feature llvm does not know for this arch
+        return False
+
+
+@lru_cache(maxsize=None)
+def _cpu_table(mcpu: str, mattr: tuple) -> dict:
+    import tvm
+
+    spec = {"kind": "llvm", "mcpu": mcpu}
+    if mattr:
+        spec["mattr"] = list(mattr)
+    target = tvm.target.Target(spec)
+    vbytes, regs = next(((b, r) for f, b, r in _ISA if _has(f, target)), (16, 16))
+    table = dict(_COMMON)
+    table.update(
+        vector_bytes=vbytes,  # the ISA's vector register width
+        vector_registers=regs,
+        # micro-kernel height MR: MR x mm_col_vectors accumulators, plus the B vectors and the A
+        # broadcast, fit the registers (AVX-512: 8 x 2 of 32; AVX2: 4 x 2 of 16, measured best)
+        mm_rows=8 if regs >= 32 else 4,
+    )
+    return table
+
+
+def cpu_table(target=None) -> dict:
+    """The CPU constants for `target` (a tvm Target; None: the host)."""
+    from tvm.target import codegen
+
+    attrs = target.attrs if target is not None and target.kind.name == "llvm" else {}
+    mcpu = str(attrs.get("mcpu") or codegen.llvm_get_system_cpu())
+    return _cpu_table(mcpu, tuple(str(a) for a in attrs.get("mattr") or ()))
+
+
+_ACTIVE: contextvars.ContextVar = contextvars.ContextVar("tvmfuse_cpu_table", default=None)
+
+
+@contextlib.contextmanager
+def for_target(target):
+    """Within: `CPU` holds the constants of `target` (llvm; any other kind keeps the host's)."""
+    token = _ACTIVE.set(cpu_table(target) if target is not None and target.kind.name == "llvm" else None)
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
+
+
+class _ActiveTable(Mapping):
+    """The CPU table of the target being scheduled (see `for_target`), else the host's."""
+
+    def _table(self) -> dict:
+        return _ACTIVE.get() or cpu_table()
+
+    def __getitem__(self, key):
+        return self._table()[key]
+
+    def __iter__(self):
+        return iter(self._table())
+
+    def __len__(self):
+        return len(self._table())
+
+
+CPU = _ActiveTable()
 
 CUDA = {
     # in order; RowReduction is tvmfuse's, the others are dlight's

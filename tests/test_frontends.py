@@ -12,7 +12,7 @@ import tvmfuse  # noqa: E402
 from tvmfuse import models  # noqa: E402
 from tvmfuse.errors import FrontendError, InputError  # noqa: E402
 
-MODELS = models.names()
+MODELS = [m for m in models.names() if m not in models.FULL_SIZE]  # full size: test_full_models.py
 VARIANTS = ("none", "tvm", "tvmfuse")
 
 _CACHE = {}

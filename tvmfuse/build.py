@@ -17,6 +17,7 @@ import schedules
 
 from . import pipeline
 from .errors import DeviceUnavailableError, InputError, TargetError
+from .passes.prepack_weights import MarkConstantParams, PrepackWeights
 from .relax_utils import call_tir_sites, static_shape
 from .target import resolve
 
@@ -35,11 +36,16 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
     with target, tvm.transform.PassContext(opt_level=3):
         seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
         mod = seq(mod)
+    mod = MarkConstantParams(mod)
     if tuning_logs:
         from .tuning import apply_logs
 
         mod = apply_logs(mod, target, tuning_logs)
-    return schedules.lower_math(schedules.apply_default_schedules(mod, target), target)
+    mod = schedules.lower_math(schedules.apply_default_schedules(mod, target), target)
+    if target.kind.name == "llvm":
+        with target, tvm.transform.PassContext(opt_level=3):
+            mod = PrepackWeights(mod)
+    return mod
 
 
 def check_module(mod) -> None:

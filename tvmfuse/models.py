@@ -11,7 +11,14 @@ onnxruntime for the ONNX one), tolerances, and `eager(*inputs)` for timing PyTor
   bert-tiny-onnx  bert-tiny exported with torch.onnx.export(dynamo=False), imported with from_onnx,
                   checked against onnxruntime
 
-Sizes: "small" (tests: sequence 16, image 16x16) and "bench" (sequence 128, image 64x64).
+Full-size models, the configs' defaults (random weights, eager attention, batch 1):
+  bert-base       transformers BertModel(BertConfig()): hidden 768, 12 layers, 12 heads, vocab 30522
+  gpt2-small      transformers GPT2LMHeadModel(GPT2Config(use_cache=False)): n_embd 768, 12 layers,
+                  12 heads, the LM head onto the 50257-word vocabulary
+  resnet50        transformers ResNetForImageClassification(ResNetConfig(num_labels=1000))
+
+Sizes: "small" (tests: sequence 16, image 16x16; the full-size models image 64x64) and "bench"
+(sequence 128, image 64x64; the full-size models 224x224).
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ from .frontends.load import LoadedModel
 
 SEQ = {"small": 16, "bench": 128}
 IMAGE = {"small": 16, "bench": 64}
+FULL_IMAGE = {"small": 64, "bench": 224}
 VOCAB = 100
 
 
@@ -113,8 +121,59 @@ def _resnet_module():
     return net.eval()
 
 
-def _ids(size):
-    return np.random.default_rng(0).integers(0, VOCAB, size=(1, SEQ[size])).astype("int64")
+def _bert_base_module():
+    torch = _torch()
+    from transformers import BertConfig, BertModel
+
+    class Bert(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bert = BertModel(BertConfig(attn_implementation="eager"))
+
+        def forward(self, input_ids):
+            return self.bert(input_ids=input_ids).last_hidden_state
+
+    return Bert().eval()
+
+
+def _gpt2_small_module():
+    torch = _torch()
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    class GPT2(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gpt2 = GPT2LMHeadModel(GPT2Config(use_cache=False, attn_implementation="eager"))
+
+        def forward(self, input_ids):
+            return self.gpt2(input_ids=input_ids, use_cache=False).logits
+
+    return GPT2().eval()
+
+
+def _resnet50_module():
+    torch = _torch()
+    from transformers import ResNetConfig, ResNetForImageClassification
+
+    class ResNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = ResNetForImageClassification(ResNetConfig(num_labels=1000))
+
+        def forward(self, pixel_values):
+            return self.net(pixel_values=pixel_values).logits
+
+    net = ResNet()
+    with torch.no_grad():  # non-trivial BatchNorm statistics, so inference BN is not an identity
+        for m in net.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.normal_(0, 0.1)
+                m.running_var.uniform_(0.5, 1.5)
+    return net.eval()
+
+
+def _ids(size, vocab=VOCAB):
+    return np.random.default_rng(0).integers(0, vocab, size=(1, SEQ[size])).astype("int64")
 
 
 def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
@@ -146,6 +205,20 @@ def gpt2_tiny(size="small"):
 def resnet_tiny(size="small"):
     x = np.random.default_rng(0).standard_normal((1, 3, IMAGE[size], IMAGE[size])).astype("float32")
     return _torch_model("resnet-tiny", _resnet_module(), [x], size)
+
+
+def bert_base(size="bench"):
+    return _torch_model("bert-base", _bert_base_module(), [_ids(size, 30522)], size, rtol=1e-3, atol=1e-3)
+
+
+def gpt2_small(size="bench"):
+    return _torch_model("gpt2-small", _gpt2_small_module(), [_ids(size, 50257)], size, rtol=1e-3, atol=1e-3)
+
+
+def resnet50(size="bench"):
+    n = FULL_IMAGE[size]
+    x = np.random.default_rng(0).standard_normal((1, 3, n, n)).astype("float32")
+    return _torch_model("resnet50", _resnet50_module(), [x], size, rtol=1e-3, atol=1e-3)
 
 
 def export_onnx(module, arrays, names) -> bytes:
@@ -186,7 +259,9 @@ def bert_tiny_onnx(size="small"):
 
 
 MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "resnet-tiny": resnet_tiny,
-          "bert-tiny-onnx": bert_tiny_onnx}
+          "bert-tiny-onnx": bert_tiny_onnx, "bert-base": bert_base, "gpt2-small": gpt2_small,
+          "resnet50": resnet50}
+FULL_SIZE = ("bert-base", "gpt2-small", "resnet50")
 
 
 def names() -> list[str]:
