@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial_block, single_reduction
+from .common import block_bits, extent, lanes, schedule_spatial_block, single_reduction
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
@@ -72,10 +72,18 @@ class Matmul(ScheduleRule):
 
 
 def _is_matmul(sch, info) -> bool:
+    """One reduction variable k after the output rows i and columns j, and two operands read as
+    [.., i, k] (no j) and [.., k, j] (no i): a (batch) matmul, not a 1x1 conv (whose input is read
+    at [.., k, i, j] and weight at [o, k])."""
     kinds = info.dom_kind()
     if kinds.count("R") != 1 or not kinds.endswith("R") or len(kinds) < 3:
         return False
-    return operands_of_reduction(sch, info.block_rv) >= 2
+    block = sch.get(info.block_rv)
+    *_, i, j, k = [iv.var.name for iv in block.iter_vars]
+    used = [set().union(*[row_chain.vars_in(rg.min) for rg in r.region]) for r in block.reads]
+    has_a = any({i, k} <= u and j not in u for u in used)
+    has_b = any({k, j} <= u and i not in u for u in used)
+    return has_a and has_b
 
 
 def _tile(sch, mm):
