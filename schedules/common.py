@@ -147,3 +147,18 @@ def schedule_reduction(sch, info):
     ext = extent(sch, fused)
     if ext is None or ext >= CPU["min_parallel_extent"]:
         sch.parallel(fused)
+
+
+def pack_at_build_time(sch, block_rv) -> bool:
+    """Mark a packing copy of a parameter that is a constant at every call (the function's
+    `tvmfuse.constant_params`, from passes/prepack_weights.MarkConstantParams) as a layout-rewrite
+    preprocess: PrepackWeights splits it out and folds it at build time. Returns whether it did."""
+    func = sch.mod["main"]
+    marked = func.attrs.get("tvmfuse.constant_params") if func.attrs else None
+    if not marked:
+        return False
+    params = [func.params[int(i)] for i in marked]  # 0.27: the params are the buffers
+    if not any(r.source.same_as(p) for r in sch.get(block_rv).reads for p in params):
+        return False
+    sch.annotate(block_rv, "meta_schedule.layout_rewrite_preproc", True)
+    return True

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import block_bits, extent, lanes, operands_of_reduction, schedule_spatial, single_reduction
+from .common import (block_bits, extent, lanes, operands_of_reduction, pack_at_build_time, schedule_spatial,
+                     single_reduction)
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
@@ -108,6 +109,7 @@ def _pack_channels(sch, conv, v, n_red):
     sch.transform_layout(pack, ("write", 0), lambda o, *rest: (o // v, *rest, o % v))
     loops = sch.get_loops(pack)
     sch.parallel(loops[0])
+    pack_at_build_time(sch, pack)
 
 
 def _tile(sch, conv, n_red):

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import block_bits, extent, lanes, schedule_spatial_block, single_reduction
+from .common import block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
@@ -66,8 +66,8 @@ class Matmul(ScheduleRule):
                 sch.compute_inline(block)  # the zero-padded B: padded while it is packed
             else:
                 schedule_spatial_block(sch, block)
-        if pack is not None and _constant_param(sch, pack):  # a weight: packed once, at build time
-            sch.annotate(pack, "meta_schedule.layout_rewrite_preproc", True)  # (passes/prepack_weights.py)
+        if pack is not None:
+            pack_at_build_time(sch, pack)
         return sch.mod["main"]
 
 
@@ -134,16 +134,6 @@ def _pack_panels(sch, mm):
     sch.parallel(sch.fuse(*loops[:-1]))
     sch.vectorize(sch.split(loops[-1], [None, lanes(block_bits(sch, mm))])[1])
     return pack, source
-
-
-def _constant_param(sch, block_rv) -> bool:
-    """Whether the block reads a parameter that is a constant at every call (MarkConstantParams)."""
-    func = sch.mod["main"]
-    marked = func.attrs.get("tvmfuse.constant_params") if func.attrs else None
-    if not marked:
-        return False
-    params = [func.params[int(i)] for i in marked]  # 0.27: the params are the buffers
-    return any(r.source.same_as(p) for r in sch.get(block_rv).reads for p in params)
 
 
 def _vectorize_tile(sch, block_rv, outer_rows):

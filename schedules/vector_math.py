@@ -5,7 +5,12 @@ Contract: `vectorizable_math(func)` returns `func` with
   plus a degree-7 polynomial; relative error at most 1.2e-6 measured over [-87, 88.7], far less
   near 0), NaN and +inf passed through as `expf` does;
 - every float32 `T.erf(x)` replaced by `topi.fast_erf` (a rational approximation; absolute error at
-  most 2.4e-7 measured over [-6, 6]), NaN passed through.
+  most 2.4e-7 measured over [-6, 6]), NaN passed through;
+- every float32 `T.tanh(x)` replaced by (1 - t) / (1 + t), t the expansion above of exp(-2|x|),
+  the sign restored (absolute error at most 2e-7 over [-12, 12]; GPT-2's GELU), NaN passed
+  through, +-inf to +-1;
+- every `T.pow(x, n)` with a constant whole n in 1..4 replaced by multiplications (libm's powf
+  is a call per lane: 7 ns an element).
 The llvm backend lowers `T.exp`/`T.erf` on vectors to one libm call per lane; these are plain
 arithmetic, so vectorized loops stay vectorized. Other dtypes are left alone.
 
@@ -27,6 +32,8 @@ from tvm import te, topi
 
 _EXP = tvm.ir.Op.get("tirx.exp")
 _ERF = tvm.ir.Op.get("tirx.erf")
+_TANH = tvm.ir.Op.get("tirx.tanh")
+_POW = tvm.ir.Op.get("tirx.pow")
 _LOAD = "te.tensor_load"
 _HI = 88.3762626647950  # topi.fast_exp clamps its argument to +-this
 _OVERFLOW = 88.72283935546875  # expf(x) is +inf above this
@@ -40,10 +47,23 @@ def _template(fn):
 
 
 def _instantiate(fn, x):
-    return tvm_ffi.structural_map(_template(fn), (tvm.ir.Call, lambda c: x if c.op.name == _LOAD else c))
+    return _bound(x, lambda v: tvm_ffi.structural_map(_template(fn), (tvm.ir.Call, lambda c: v if c.op.name == _LOAD else c)))
+
+
+def _bound(x, body):
+    """body(v) with v bound to x by a Let, so an argument used many times is computed once
+    (structural substitution would copy the whole expression into every use)."""
+    if isinstance(x, (tvm.tirx.Var, tvm.tirx.FloatImm)):
+        return body(x)
+    v = tvm.tirx.Var("x", x.ty if hasattr(x, "ty") else "float32")
+    return tvm.tirx.Let(v, x, body(v))
 
 
 def _expand(x):
+    return _bound(x, _expand_var)
+
+
+def _expand_var(x):
     f32 = lambda v: tvm.tirx.const(v, "float32")
     # fast_exp clamps at _HI; the last stretch below float32 overflow is exp(x - ln 2) * 2
     top = x > f32(_HI)
@@ -54,7 +74,37 @@ def _expand(x):
 
 
 def _expand_erf(x):
+    return _bound(x, _expand_erf_var)
+
+
+def _expand_erf_var(x):
     return tvm.tirx.Select(tvm.tirx.isnan(x), x, _instantiate("fast_erf", x))  # NaN in, NaN out
+
+
+def _expand_tanh(x):
+    return _bound(x, _expand_tanh_var)
+
+
+def _expand_tanh_var(x):
+    """tanh(|x|) = (1 - t) / (1 + t) with t = exp(-2|x|) in (0, 1] (no overflow), the sign put back."""
+    f32 = lambda v: tvm.tirx.const(v, "float32")
+    t = _instantiate("fast_exp", f32(-2.0) * tvm.tirx.abs(x))  # argument <= 0: no overflow edge
+    mag = (f32(1.0) - t) / (f32(1.0) + t)
+    return tvm.tirx.Select(x < f32(0.0), -mag, tvm.tirx.Select(tvm.tirx.isnan(x), x, mag))
+
+
+def _expand_pow(x, y):
+    """x ** n for a constant whole n in 1..4 as multiplications (GPT-2's GELU cubes); else None."""
+    n = getattr(y, "value", None)
+    if n is None or n != int(n) or not 1 <= n <= 4:
+        return None
+    def power(v):
+        out = v
+        for _ in range(int(n) - 1):
+            out = out * v
+        return out
+
+    return _bound(x, power)
 
 
 def lower_math(mod: tvm.IRModule, target) -> tvm.IRModule:
@@ -75,6 +125,11 @@ def vectorizable_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
             return _expand(call.args[0])
         if str(call.ty) == "float32" and call.op.same_as(_ERF):
             return _expand_erf(call.args[0])
+        if str(call.ty) == "float32" and call.op.same_as(_TANH):
+            return _expand_tanh(call.args[0])
+        if call.op.same_as(_POW):
+            expanded = _expand_pow(*call.args)
+            return call if expanded is None else expanded
         return call
 
     return tvm_ffi.structural_map(func, (tvm.ir.Call, on_call))

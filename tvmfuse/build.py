@@ -34,7 +34,8 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
     check_module(mod)
     target = resolve(target)
     with target, tvm.transform.PassContext(opt_level=3):
-        seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
+        seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.constant_passes()
+                                      + pipeline.graph_passes(fusion, knobs))
         mod = seq(mod)
     mod = MarkConstantParams(mod)
     if tuning_logs:

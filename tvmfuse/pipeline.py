@@ -1,8 +1,10 @@
-"""The compile pipeline, read as a list. One list of graph passes per fusion variant, then the
-shared tail: default schedules, Relax lowering, finalize.
+"""The compile pipeline, read as a list. Build-time constant work shared by every variant, one
+list of graph passes per fusion variant, then the shared tail: default schedules, weight
+pre-packing, Relax lowering, finalize.
 
-  import -> [variant passes: legalize / fuse] -> [tuned records] -> schedules.apply_default_schedules
-         -> schedules.lower_math -> Relax lowering -> VM
+  import -> constant_passes (fold constants, BatchNorm into weights) -> [variant passes: legalize /
+         fuse] -> MarkConstantParams -> [tuned records] -> schedules.apply_default_schedules
+         -> schedules.lower_math -> PrepackWeights (llvm) -> Relax lowering -> VM
 """
 from __future__ import annotations
 
@@ -10,6 +12,16 @@ import tvm
 from tvm import relax
 
 VARIANTS = ("none", "tvm", "tvmfuse")
+
+
+def constant_passes() -> list:
+    """Build-time work on constants, the same for every variant (so variants still compare fusion):
+    constant subgraphs evaluated (a transposed weight becomes a constant in the layout it is read),
+    inference BatchNorm and other per-channel affine chains folded into conv / matmul weights."""
+    from .passes.fold_batch_norm import FoldBatchNorm
+
+    T = relax.transform
+    return [T.FoldConstant(), FoldBatchNorm, T.DeadCodeElimination()]
 
 
 def graph_passes(fusion: str, knobs: dict | None = None) -> list:

@@ -46,16 +46,22 @@ def MarkConstantParams(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     return out
 
 
-def has_preproc(mod: tvm.IRModule) -> bool:
-    return any(isinstance(f, tvm.tirx.PrimFunc) and PREPROC in f.script()
-               for _gv, f in mod.functions_items())
+def _has_preproc(func) -> bool:
+    return isinstance(func, tvm.tirx.PrimFunc) and PREPROC in func.script()
 
 
 @tvm.transform.module_pass(opt_level=0, name="PrepackWeights")
 def PrepackWeights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-    if not has_preproc(mod):
+    marked = {gv for gv, f in mod.functions_items() if _has_preproc(f)}
+    if not marked:
         return mod
     T = relax.transform
-    mod = T.SplitLayoutRewritePreproc()(mod)
+    # SplitLayoutRewritePreproc fails on a PrimFunc without blocks (GPT-2's cumsum): give it the
+    # Relax functions and the marked PrimFuncs only
+    part = tvm.IRModule({gv: f for gv, f in mod.functions_items()
+                         if gv in marked or isinstance(f, relax.Function)}, attrs=mod.attrs)
+    part = T.SplitLayoutRewritePreproc()(part)
+    rest = {gv: f for gv, f in mod.functions_items() if gv not in marked and not isinstance(f, relax.Function)}
+    mod = tvm.IRModule({**rest, **dict(part.functions_items())}, attrs=mod.attrs)
     mod = T.FoldConstant()(mod)
     return T.DeadCodeElimination()(mod)
