@@ -6,7 +6,9 @@ injective stages; the padded input stays its own stage) has up to three reductio
 channels, kernel rows, kernel columns; a 1x1 kernel leaves one) after its spatial ones and reads
 two operands with them, the last three spatial being output
 channel, row and column; the other stages are spatial. It returns the function scheduled, or None
-(decline) when the tile does not divide the output. Only the loop order changes, never the math.
+(decline) when no tile fits. A ragged output width (197, 23) keeps full tiles of columns, the
+last one predicated (the predicate is per unrolled column: the vector, over output channels, stays
+whole). Only the loop order changes, never the math.
 
 Schedule (constants in targets.CPU):
   for (n, oc0, oh0) in parallel:
@@ -75,7 +77,10 @@ def _channel_tile(sch, conv, n_red):
     *lead, oc, oh, ow = loops[:-n_red]
     reds = loops[-n_red:]
     v = lanes(block_bits(sch, conv))
-    owb = _widest_divisor(extent(sch, ow), CPU["conv_columns"])
+    n_ow, cap = extent(sch, ow), CPU["conv_columns"]
+    owb = _widest_divisor(n_ow, cap)
+    if 2 * owb <= min(n_ow, cap):  # a ragged width (197, 23): full tiles, the last one predicated
+        owb = min(n_ow, cap)
     if owb < 2:
         return None
     if len(sch.get(conv).writes[0].source.shape) != 4:

@@ -237,3 +237,72 @@ class TorchRunner:
         with torch.no_grad():
             out = self.fn(*[torch.from_numpy(a).to(self.device) for a in arrays])
         return tuple(o.cpu().numpy() for o in out) if isinstance(out, tuple) else out.cpu().numpy()
+
+
+# ---------------------------------------------------------------- real models (tvmfuse.models)
+def _ort_session(blob: bytes, threads: int):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
+
+
+def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
+    """The module as ONNX bytes: the TorchScript exporter, else the dynamo one; (None, why) when
+    neither can export it."""
+    import io
+    import warnings
+
+    import torch
+
+    names = [f"input_{i}" for i in range(len(arrays))]
+    errors = []
+    for dynamo in (False, True):
+        buf = io.BytesIO()
+        try:
+            with warnings.catch_warnings(), torch.no_grad():
+                warnings.simplefilter("ignore")
+                torch.onnx.export(module, tuple(torch.from_numpy(a) for a in arrays), buf, input_names=names,
+                                  output_names=["output"], opset_version=17, dynamo=dynamo)
+            return buf.getvalue(), ""
+        except Exception as err:  # each exporter fails in its own way; the row says how
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+            errors.append(f"{'dynamo' if dynamo else 'TorchScript'} exporter: {first[:160]}")
+    return None, "ONNX export failed (" + "; ".join(errors) + ")"
+
+
+def model_peer(m, system: str, threads: int):
+    """A real model's peer: (zero-argument call, seconds of its first call) or the reason it has
+    none. "torch": eager; "torch.compile": Inductor on the module; "onnxruntime": the module
+    exported to ONNX (the model's own ONNX reference for an ONNX-imported model)."""
+    import time
+
+    x = m.inputs()
+    if m.name.endswith("-onnx"):
+        return ((lambda: m.reference(*x)), 0.0) if system == "onnxruntime" else "an ONNX model has no torch form"
+    if m.module is None:
+        return "no torch module"
+    import torch
+
+    torch.set_num_threads(threads)
+    args = [torch.from_numpy(a) for a in x]
+    if system == "onnxruntime":
+        blob, why = _export_onnx(m.module, x)
+        if blob is None:
+            return why
+        sess = _ort_session(blob, threads)
+        feed = {i.name: a for i, a in zip(sess.get_inputs(), x)}
+        return (lambda: sess.run(None, feed)[0]), 0.0
+    fn = torch.compile(m.module) if system == "torch.compile" else m.module
+
+    def call():
+        with torch.inference_mode():
+            out = fn(*args)
+        return out.numpy() if hasattr(out, "numpy") else out
+
+    t0 = time.perf_counter()
+    call()
+    return call, (time.perf_counter() - t0 if system == "torch.compile" else 0.0)

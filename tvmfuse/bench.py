@@ -57,6 +57,9 @@ class Row:
     ok: dict = field(default_factory=dict)  # system -> outputs match the reference
     skipped: dict = field(default_factory=dict)  # system -> why it has no number
     compile_s: dict = field(default_factory=dict)  # torch.compile: seconds of the first call
+    build_s: dict = field(default_factory=dict)  # TVM systems: seconds of tvmfuse.build
+    import_s: float = 0.0  # a real model: seconds to import it (torch.export + from_exported_program)
+    flops: int = 0  # a real model: its matmul/conv FLOPs (roofline.graph_flops)
 
     def ratio(self, a, b):
         """How many times faster a is than b (b's ms over a's)."""
@@ -87,15 +90,18 @@ class Ready:
     launches: int | None = None
     ran: int | None = None
     compile_s: float = 0.0
+    build_s: float = 0.0
 
 
 def _tvm_system(w, system, target, x, logs):
     """A TVM system (none/tvm/tvmfuse, +tuned with `logs`) built for `target`, its inputs on the
     target's device, its launches counted statically and over one instrumented run."""
+    t0 = time.perf_counter()
     c = build(w.mod, target, system.split("+")[0], tuning_logs=logs if system in TUNED else None)
+    build_s = time.perf_counter() - t0
     f, args = c.vm()["main"], c.convert_inputs(x)
     ran, _ = dynamic_launches(c, args)
-    return Ready(lambda: f(*args), c(*x), c.device.sync, launches=c.launches, ran=ran)
+    return Ready(lambda: f(*args), c(*x), c.device.sync, launches=c.launches, ran=ran, build_s=build_s)
 
 
 def _callables(w, systems, target, threads, logs=None):
@@ -113,11 +119,13 @@ def _callables(w, systems, target, threads, logs=None):
         elif s in TVM_SYSTEMS or s in TUNED:
             out[s] = _tvm_system(w, s, target, x, logs)
         elif not isinstance(w, workloads.Workload):  # a real model (tvmfuse.models)
-            call = None if is_gpu(target) else _model_peer(w, s, x)
-            if call is None:
-                skipped[s] = "not wired for real models" + (" on CUDA" if is_gpu(target) else "")
+            got = "not wired for real models on CUDA" if is_gpu(target) else (
+                "numpy has no form of a real model" if s == "numpy" else baselines.model_peer(w, s, threads))
+            if isinstance(got, str):
+                skipped[s] = got
             else:
-                out[s] = Ready(call, call())
+                call, compile_s = got
+                out[s] = Ready(call, _as_numpy(call()), compile_s=compile_s)
         elif is_gpu(target):
             got = bench_gpu.peer(w, s, threads)
             if isinstance(got, str):
@@ -136,16 +144,6 @@ def _callables(w, systems, target, threads, logs=None):
         else:  # numpy
             out[s] = Ready(lambda: w.reference(*x), w.reference(*x))
     return out, skipped
-
-
-def _model_peer(m, system, x):
-    """The peers of a real model: its framework's own forward ("torch"; for the ONNX export,
-    "onnxruntime" is its reference session). None where the model has no such form."""
-    if system == "torch" and m.eager is not None:
-        return lambda: _as_numpy(m.eager(*x))
-    if system == "onnxruntime" and m.name.endswith("-onnx"):
-        return lambda: m.reference(*x)
-    return None
 
 
 def _as_numpy(out):
@@ -189,7 +187,9 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
     """One Row for workload `name`: every system built, checked against the reference, then timed in
     `rounds` interleaved rounds (order rotated each round); ms is the median over all samples.
     target "cuda" (compiled for `arch`) needs a GPU; bench_gpu.no_gpu_reason() says whether."""
+    t0 = time.perf_counter()
     w = _load(name, size)
+    import_s = time.perf_counter() - t0
     t = resolve(target, arch=arch)
     if is_gpu(t):
         from . import bench_gpu
@@ -198,7 +198,12 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
     calls, skipped = _callables(w, systems, t, runtime_threads(), logs)
     ref = w.reference(*w.inputs())
     rtol, atol = (max(w.rtol, 1e-3), max(w.atol, 1e-4)) if is_gpu(t) else (w.rtol, w.atol)
-    row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s})
+    row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s},
+              build_s={s: r.build_s for s, r in calls.items() if r.build_s})
+    if not isinstance(w, workloads.Workload):
+        from .roofline import graph_flops
+
+        row.import_s, row.flops = import_s, graph_flops(w.mod)
     for s, r in calls.items():
         row.ok[s] = bool(_close(r.out, ref, rtol, atol))
         if r.launches is not None:
@@ -273,6 +278,10 @@ def summary(rows, systems):
     compiles = [f"{r.workload} {r.compile_s['torch.compile']:.1f}s" for r in rows if "torch.compile" in r.compile_s]
     if compiles:
         lines.append("- torch.compile compile time (first call): " + ", ".join(compiles))
+    builds = [f"{r.workload} {r.import_s:.1f}s + {r.build_s['tvmfuse']:.1f}s" for r in rows
+              if r.import_s and "tvmfuse" in r.build_s]
+    if builds:
+        lines.append("- real models, import + tvmfuse build: " + ", ".join(builds))
     return "\n".join(lines)
 
 
@@ -286,9 +295,10 @@ def roofline_table(rows, size, systems, bandwidth, peak_gflops, llc):
              f"numpy matmul {peak_gflops:.0f} GFLOP/s; last-level cache {llc / 2**20:.0f} MiB" if llc else "",
              "", "| workload | minimal MB | cache-resident | bound ms | "
              + " | ".join(f"{s}" for s in systems) + " |", "|" + "---|" * (len(systems) + 4)]
+    models = [r for r in rows if r.flops]
     for r in rows:
         if r.workload not in workloads.names():
-            continue  # real models: no minimal-bytes model here
+            continue  # real models: their compute bound below
         w = workloads.get(r.workload, size)
         nbytes, fl = roofline.minimal_bytes(w), roofline.flops(w)
         bound = nbytes / gbs / 1e6
@@ -300,4 +310,11 @@ def roofline_table(rows, size, systems, bandwidth, peak_gflops, llc):
         # only a "no" row's bound is a bound
         resident = "-" if not llc else "yes" if nbytes < llc else "partly" if nbytes < 4 * llc else "no"
         lines.append(f"| {r.workload} | {nbytes / 1e6:.1f} | {resident} | {bound:.3f} | " + " | ".join(cells) + " |")
+    if models:  # compute bound: the model's matmul/conv FLOPs at numpy's matmul rate of this run
+        lines += ["", "| model | GFLOP | compute bound ms | " + " | ".join(systems) + " |",
+                  "|" + "---|" * (len(systems) + 3)]
+        for r in models:
+            bound = r.flops / peak_gflops / 1e6
+            cells = [f"{r.ms[s] / bound:.2f}x bound" if s in r.ms else "-" for s in systems]
+            lines.append(f"| {r.workload} | {r.flops / 1e9:.2f} | {bound:.1f} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

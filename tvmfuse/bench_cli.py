@@ -35,7 +35,7 @@ def add_arguments(ap):
 
     ap.add_argument("--workloads", default="all",
                     help=f"comma-separated names, or all (the zoo), memory (its memory-bound part), models (the "
-                         f"real models) or everything. "
+                         f"full-size real models), tiny-models or everything. "
                          f"Zoo: {', '.join(workloads.names())}. Models: {', '.join(models.names())}")
     ap.add_argument("--size", default="bench", choices=workloads.SIZES)
     ap.add_argument("--target", default="llvm", choices=("llvm", "cuda"),
@@ -76,8 +76,9 @@ def run(args):
     bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
     from . import models
 
-    groups = {"all": workloads.names(), "models": models.names(), "everything": workloads.names() + models.names(),
-              "memory": list(bench.MEMORY_BOUND)}
+    tiny = [m for m in models.names() if m not in models.FULL_SIZE]
+    groups = {"all": workloads.names(), "models": list(models.FULL_SIZE), "tiny-models": tiny,
+              "everything": workloads.names() + models.names(), "memory": list(bench.MEMORY_BOUND)}
     names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
     try:
         if bad:

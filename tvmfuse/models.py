@@ -191,7 +191,7 @@ def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
         return eager(*inputs).numpy()
 
     return LoadedModel(name, mod, arrays, reference, rtol=rtol, atol=atol, size=size, eager=eager,
-                       source="torch.export")
+                       source="torch.export", module=module)
 
 
 def bert_tiny(size="small"):

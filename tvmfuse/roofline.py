@@ -79,7 +79,35 @@ def minimal_bytes(workload) -> int:
     return ins + tensor_bytes(workload.mod["main"].ret_ty)
 
 
+def graph_flops(mod) -> int:
+    """Multiply-adds x 2 of the matmuls and convs of a high-level Relax module's main (a real
+    model's FLOPs; elementwise work is not counted). Static shapes only."""
+    import tvm
+    from tvm import relax
+
+    from .relax_utils import static_shape
+
+    total = 0
+    for block in mod["main"].body.blocks:
+        for bd in block.bindings:
+            call = bd.value
+            if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op)):
+                continue
+            out = static_shape(bd.var.ty)
+            if out is None:
+                continue
+            if call.op.name == "relax.matmul":
+                k = static_shape(call.args[0].ty)[-1]
+                total += 2 * int(np.prod(out)) * k
+            elif call.op.name == "relax.nn.conv2d":
+                _, cin, kh, kw = static_shape(call.args[1].ty)  # OIHW: I is already per group
+                total += 2 * int(np.prod(out)) * cin * kh * kw
+    return total
+
+
 def flops(workload):
+    if not hasattr(workload, "input_specs"):  # a real model (tvmfuse.models)
+        return graph_flops(workload.mod)
     shapes = {n: s for n, s, _ in workload.input_specs}
     if workload.name == "mlp_block":
         (t, d), h = shapes["x"], shapes["w1"][1]

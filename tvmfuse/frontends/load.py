@@ -42,6 +42,7 @@ class LoadedModel:
     eager: Callable | None = None  # the original framework's forward on numpy inputs (timing)
     source: str = ""
     notes: list = field(default_factory=list)
+    module: object = None  # the torch.nn.Module it came from (the peers' torch.compile / ONNX export)
 
     def inputs(self) -> list[np.ndarray]:
         return [np.array(a, copy=True) for a in self.arrays]
