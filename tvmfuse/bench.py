@@ -60,6 +60,7 @@ class Row:
     build_s: dict = field(default_factory=dict)  # TVM systems: seconds of tvmfuse.build
     import_s: float = 0.0  # a real model: seconds to import it (torch.export + from_exported_program)
     flops: int = 0  # a real model: its matmul/conv FLOPs (roofline.graph_flops)
+    kernels: list = field(default_factory=list)  # a real model: tvmfuse's runtime.kernel_profile rows
 
     def ratio(self, a, b):
         """How many times faster a is than b (b's ms over a's)."""
@@ -91,6 +92,7 @@ class Ready:
     ran: int | None = None
     compile_s: float = 0.0
     build_s: float = 0.0
+    compiled: object = None  # a TVM system's tvmfuse.Compiled (the per-kernel profile)
 
 
 def _tvm_system(w, system, target, x, logs):
@@ -101,7 +103,7 @@ def _tvm_system(w, system, target, x, logs):
     build_s = time.perf_counter() - t0
     f, args = c.vm()["main"], c.convert_inputs(x)
     ran, _ = dynamic_launches(c, args)
-    return Ready(lambda: f(*args), c(*x), c.device.sync, launches=c.launches, ran=ran, build_s=build_s)
+    return Ready(lambda: f(*args), c(*x), c.device.sync, launches=c.launches, ran=ran, build_s=build_s, compiled=c)
 
 
 def _callables(w, systems, target, threads, logs=None):
@@ -217,6 +219,11 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
             if s == "numpy":
                 time.sleep(BLAS_SPIN_S)
     row.ms = {s: statistics.median(v) * 1e3 for s, v in samples.items()}
+    if row.flops and "tvmfuse" in calls and not is_gpu(t):
+        from .runtime import kernel_profile
+
+        row.kernels = [{k: v for k, v in r.items() if k != "outputs"}
+                       for r in kernel_profile(calls["tvmfuse"].compiled, w.inputs(), runs=3, budget_s=3.0)]
     row.samples = {s: len(v) for s, v in samples.items()}
     return row
 
@@ -317,4 +324,23 @@ def roofline_table(rows, size, systems, bandwidth, peak_gflops, llc):
             bound = r.flops / peak_gflops / 1e6
             cells = [f"{r.ms[s] / bound:.2f}x bound" if s in r.ms else "-" for s in systems]
             lines.append(f"| {r.workload} | {r.flops / 1e9:.2f} | {bound:.1f} | " + " | ".join(cells) + " |")
+        lines += kernel_tables(models, peak_gflops, gbs)
     return "\n".join(lines)
+
+
+def kernel_tables(rows, peak_gflops, gbs, top: int = 8):
+    """Per real model: tvmfuse's slowest kernels against their roofline (runtime.roofline_view),
+    plus every cliff (2% of the time or more at under 25% of the roofline)."""
+    from .runtime import format_roofline, roofline_view
+
+    lines = []
+    for r in rows:
+        if not r.kernels:
+            continue
+        view = roofline_view(r.kernels, peak_gflops, gbs)
+        shown = sorted(view, key=lambda k: -k["ms"])[:top]
+        shown += [k for k in view if k["cliff"] and k not in shown]
+        cliffs = [k["name"] for k in view if k["cliff"]]
+        lines += ["", f"{r.workload}, tvmfuse kernels (slowest {top}; cliffs: {', '.join(cliffs) or 'none'}):", "",
+                  format_roofline(shown)]
+    return lines

@@ -105,6 +105,36 @@ def graph_flops(mod) -> int:
     return total
 
 
+def kernel_flops(func) -> int:
+    """FLOPs of one (scheduled or not) PrimFunc: 2 x the iteration domain of every reduction block
+    that multiplies and adds (a matmul or conv update; its padded domain when pad_einsum padded it).
+    0 for a kernel without one (elementwise, softmax, layer norm: bound by bytes, not FLOPs)."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(func)
+    total, stack = 0, [sch.get_sblock("root")] if _has_root(func) else []
+    while stack:
+        for child in sch.get_child_blocks(stack.pop()):
+            stack.append(child)
+            block = sch.get(child)
+            reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]
+            body = str(block.body)
+            if reduces and "*" in body and "+" in body:
+                total += 2 * int(np.prod([int(iv.dom.extent) for iv in block.iter_vars]))
+    return total
+
+
+def _has_root(func) -> bool:
+    import tvm
+
+    return isinstance(getattr(func.body, "block", None), tvm.s_tir.SBlock)
+
+
+def roofline_ms(flops_: int, nbytes: int, peak_gflops: float, gbs: float) -> float:
+    """The least time a kernel can take: its FLOPs at the matmul peak or its bytes at the bandwidth."""
+    return max(flops_ / peak_gflops / 1e6, nbytes / gbs / 1e6)
+
+
 def flops(workload):
     if not hasattr(workload, "input_specs"):  # a real model (tvmfuse.models)
         return graph_flops(workload.mod)

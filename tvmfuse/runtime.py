@@ -17,6 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .roofline import kernel_flops
 from .relax_utils import call_tir_sites, tensor_bytes
 from .target import is_gpu
 
@@ -168,9 +169,41 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
         vm["main"](*args)
     names = list(kc.kernels())
     total = sum(kc.times[n] for n in names) or 1.0
+    funcs = {gv.name_hint: f for gv, f in compiled.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+    flops = {n: kernel_flops(funcs[n]) if n in funcs else 0 for n in names}
     return [{"name": n, "calls": kc.counts[n] // runs, "ms": kc.times[n] * 1e3 / runs,
              "bytes": sites.get(n, {}).get("bytes", 0), "share": kc.times[n] / total,
-             "outputs": sites.get(n, {}).get("outputs", [])} for n in names]
+             "flops": flops[n] * (kc.counts[n] // runs), "outputs": sites.get(n, {}).get("outputs", []),
+             "rule": str(funcs[n].attrs.get("tvmfuse.rule", "")) if n in funcs and funcs[n].attrs else ""}
+            for n in names]
+
+
+def roofline_view(rows, peak_gflops: float, gbs: float, min_share: float = 0.02, floor: float = 0.25):
+    """kernel_profile rows with `attained`: the kernel's roofline time (FLOPs at `peak_gflops`, or
+    bytes at `gbs`, whichever is longer) over its measured time, 1.0 meaning at the roofline; and
+    `cliff`: True for a kernel taking at least `min_share` of the time at under `floor` of it."""
+    from .roofline import roofline_ms
+
+    out = []
+    for r in rows:
+        bound = roofline_ms(r.get("flops", 0), r["bytes"], peak_gflops, gbs)
+        attained = bound / r["ms"] if r["ms"] > 0 else 0.0
+        out.append({**r, "bound_ms": bound, "attained": attained,
+                    "cliff": r["share"] >= min_share and attained < floor})
+    return out
+
+
+def format_roofline(rows) -> str:
+    """A markdown table of roofline_view rows, slowest first; a cliff is marked."""
+    lines = ["| kernel | rule | calls | ms | share | GFLOP/s | GB/s | roofline ms | attained |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: -r["ms"]):
+        gf = r["flops"] / r["ms"] / 1e6 if r["ms"] else 0
+        gb = r["bytes"] / r["ms"] / 1e6 if r["ms"] else 0
+        flag = " **cliff**" if r["cliff"] else ""
+        lines.append(f"| {r['name']} | {r['rule']} | {r['calls']} | {r['ms']:.3f} | {r['share']:.1%} | {gf:.0f} | "
+                     f"{gb:.1f} | {r['bound_ms']:.3f} | {r['attained']:.0%}{flag} |")
+    return "\n".join(lines)
 
 
 def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50, budget_s=3.0) -> dict:
