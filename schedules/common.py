@@ -98,9 +98,22 @@ def schedule_spatial_block(sch, block_rv):
         return
     if _tile_transpose(sch, block_rv, loops):
         return
+    n = lanes(block_bits(sch, block_rv))
+    ivs = sch.get(block_rv).iter_vars
+    row = int(ivs[-1].dom.extent) if ivs and isinstance(ivs[-1].dom.extent, tvm.tirx.IntImm) else None
+    if len(loops) == 1 and row and row % n and (extent(sch, loops[0]) or 1) % row == 0 and row < extent(sch, loops[0]):
+        loops = list(sch.split(loops[0], [None, row]))  # normalisation fused the rows: split them again
+    last = extent(sch, loops[-1])
+    if len(loops) > 1 and last and last % n and n <= last <= 32 * n:
+        # the innermost extent is no multiple of the vector (a padded row of 114): fusing every loop
+        # would split rows mid-vector, an int64 division per lane (a 64x114x114 padding took 3 ms)
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        if (extent(sch, outer) or CPU["min_parallel_extent"]) >= CPU["min_parallel_extent"]:
+            sch.parallel(outer)
+        sch.vectorize(loops[-1])
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
-    n = lanes(block_bits(sch, block_rv))
     if ext is not None and ext % n == 0 and ext >= n * CPU["min_parallel_extent"]:
         outer, inner = sch.split(fused, [None, n])
         sch.parallel(outer)
@@ -138,15 +151,34 @@ def _tile_transpose(sch, block_rv, loops) -> bool:
 
 
 def schedule_reduction(sch, info):
+    """A reduction no specific rule took (pooling windows): its leading spatial loops fused and
+    parallel; when its reduction loops all follow them and the innermost spatial extent allows, that
+    spatial loop moves inside the reduction loops as a vector (every output keeps its own
+    reduction order: only which outputs advance together changes)."""
     kinds = info.dom_kind()
     loops = info.get_loops()
     lead = [lp for lp, k in zip(loops, kinds) if k == "S"]
     if kinds[: len(lead)] != "S" * len(lead) or not lead:
         return  # spatial loops not leading: leave it serial rather than reorder the math
-    fused = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+    reds = loops[len(lead):]
+    inner = lead[-1] if len(lead) >= 2 and reds else None
+    n = extent(sch, inner) if inner is not None else None
+    v = lanes(block_bits(sch, info.block_rv))
+    if n and n >= v and (n % v == 0 or n <= 4 * v):
+        outer = lead[:-1]
+        if n % v == 0 and n > v:
+            outer_w, inner = sch.split(inner, [None, v])
+            outer = outer + [outer_w]
+        sch.reorder(*outer, *reds, inner)
+        fused = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    else:
+        fused, inner = (sch.fuse(*lead) if len(lead) > 1 else lead[0]), None
     ext = extent(sch, fused)
     if ext is None or ext >= CPU["min_parallel_extent"]:
-        sch.parallel(fused)
+        sch.parallel(fused)  # (before the init is split off: parallel checks the whole reduction)
+    if inner is not None:
+        sch.vectorize(inner)
+        sch.decompose_reduction(info.block_rv, reds[0])
 
 
 def pack_at_build_time(sch, block_rv) -> bool:

@@ -58,9 +58,24 @@ class Conv2D(ScheduleRule):
             sch.reverse_compute_at(b, at, preserve_unit_loops=True)
             _vectorize_last(sch, b)
         sch.decompose_reduction(conv.block_rv, rc)
-        for info in infos[: infos.index(conv)]:  # the padded input: its own parallel loops
-            schedule_spatial(sch, info)
+        for info in infos[: infos.index(conv)]:  # the padded input: its own parallel loops ...
+            if not _inline_copy(sch, info.block_rv):  # ... unless nothing is padded (a 1x1 conv)
+                schedule_spatial(sch, info)
         return sch.mod["main"]
+
+
+def _inline_copy(sch, block_rv) -> bool:
+    """Inline a stage that only copies (a padding of 0): the conv reads its input directly."""
+    import tvm
+
+    body = sch.get(block_rv).body
+    if not (isinstance(body, tvm.tirx.BufferStore) and isinstance(body.value, tvm.ir.TensorLoad)):
+        return False
+    try:
+        sch.compute_inline(block_rv)
+        return True
+    except s_tir.ScheduleError:
+        return False
 
 
 def _widest_dividing(n, v):
@@ -70,25 +85,28 @@ def _widest_dividing(n, v):
 
 
 def _channel_tile(sch, conv, n_red):
-    """Output channels in the vector (a full register when they divide it): the weights, packed
-    [oc / lanes, rc, ry, rx, lanes], are one vector load; each of `conv_columns` output columns
-    is a broadcast input scalar and one accumulator register."""
+    """Output channels in the vector: `conv_oc_vectors` registers of channels (when they divide
+    the channel count, else one) x `conv_columns` output columns, one accumulator register each;
+    the weights, packed [oc / width, rc, ry, rx, width], are whole-vector loads, each input element
+    a broadcast."""
     loops = sch.get_loops(conv)
     *lead, oc, oh, ow = loops[:-n_red]
     reds = loops[-n_red:]
     v = lanes(block_bits(sch, conv))
-    n_ow, cap = extent(sch, ow), CPU["conv_columns"]
+    width = v * CPU["conv_oc_vectors"] if extent(sch, oc) % (v * CPU["conv_oc_vectors"]) == 0 else v
+    n_ow = extent(sch, ow)
+    cap = min(n_ow, CPU["conv_columns"] * CPU["conv_oc_vectors"] * v // width)
     owb = _widest_divisor(n_ow, cap)
-    if 2 * owb <= min(n_ow, cap):  # a ragged width (197, 23): full tiles, the last one predicated
-        owb = min(n_ow, cap)
+    if 2 * owb <= cap:  # a ragged width (7 of 6, 197): balanced tiles, the last one predicated
+        owb = -(-n_ow // -(-n_ow // cap))
     if owb < 2:
         return None
     if len(sch.get(conv).writes[0].source.shape) != 4:
         return None  # the channel-last accumulator layout below is for NCHW
-    _pack_channels(sch, conv, v, n_red)
-    # the accumulator tile channel-last, so one output column of channels is one register
-    sch.transform_layout(conv, ("write", 0), lambda n, o, h, w_: (n, o // v, h, w_, o % v))
-    oc0, oc1 = sch.split(oc, [None, v])
+    _pack_channels(sch, conv, width, n_red)
+    # the accumulator tile channel-last, so one output column of channels is whole vectors
+    sch.transform_layout(conv, ("write", 0), lambda n, o, h, w_: (n, o // width, h, w_, o % width))
+    oc0, oc1 = sch.split(oc, [None, width])
     ow0, ow1 = sch.split(ow, [None, owb])
     sch.reorder(*lead, oc0, oh, ow0, *reds, ow1, oc1)
     sch.unroll(ow1)

@@ -23,6 +23,7 @@ from .common import block_bits, extent, lanes, pack_at_build_time, schedule_spat
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
+from .targets import num_cores
 from .targets import CPU
 
 
@@ -72,18 +73,53 @@ class Matmul(ScheduleRule):
 
 
 def _is_matmul(sch, info) -> bool:
-    """One reduction variable k after the output rows i and columns j, and two operands read as
-    [.., i, k] (no j) and [.., k, j] (no i): a (batch) matmul, not a 1x1 conv (whose input is read
-    at [.., k, i, j] and weight at [o, k])."""
+    """One reduction variable k after the spatial ones, and two operands: A read at [.., i, k] (no
+    j) and B at [.., k, j] (no i), j the last spatial variable and i the one before it: a (batch)
+    matmul, not a 1x1 conv (whose input is read at [.., k, i, j] and weight at [o, k]). A row
+    vector times a matrix (M = 1: i is gone, A is read at [.., k]) is one too (_is_gemv)."""
     kinds = info.dom_kind()
-    if kinds.count("R") != 1 or not kinds.endswith("R") or len(kinds) < 3:
+    if kinds.count("R") != 1 or not kinds.endswith("R") or len(kinds) < 2:
         return False
-    block = sch.get(info.block_rv)
-    *_, i, j, k = [iv.var.name for iv in block.iter_vars]
-    used = [set().union(*[row_chain.vars_in(rg.min) for rg in r.region]) for r in block.reads]
-    has_a = any({i, k} <= u and j not in u for u in used)
-    has_b = any({k, j} <= u and i not in u for u in used)
-    return has_a and has_b
+    if _is_gemv(sch, info.block_rv):
+        return True
+    if len(kinds) < 3:
+        return False
+    i, j, k = _ijk(sch, info.block_rv)
+    used = _vars_read(sch, info.block_rv)
+    return any({i, k} <= u and j not in u for u in used) and any({k, j} <= u and i not in u for u in used)
+
+
+def _ijk(sch, block_rv):
+    names = [iv.var.name for iv in sch.get(block_rv).iter_vars]
+    return (names[-3] if len(names) >= 3 else None), names[-2], names[-1]
+
+
+def _vars_read(sch, block_rv):
+    return [set().union(*[row_chain.vars_in(rg.min) for rg in r.region]) for r in sch.get(block_rv).reads]
+
+
+def _is_gemv(sch, block_rv) -> bool:
+    """M = 1: A read at [.., k] only (no spatial variable but the batch ones B shares), B at
+    [.., k, j] in that order (B read [j, k] is a row reduction: each output a contiguous dot
+    product), and enough column panels to keep every core busy (a tall x^T @ g with a few
+    columns is a column reduction: its rows are what to split)."""
+    _i, j, k = _ijk(sch, block_rv)
+    block = sch.get(block_rv)
+    spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
+    used = _vars_read(sch, block_rv)
+    b_ops = [r for r, u in zip(block.reads, used) if {k, j} <= u]
+    a_ops = [u for u in used if k in u and j not in u]
+    if len(b_ops) != 1 or len(a_ops) != 1 or len(b_ops[0].region) < 2:
+        return False
+    last, second = (row_chain.vars_in(rg.min) for rg in (b_ops[0].region[-1], b_ops[0].region[-2]))
+    if last != {j} or second != {k}:
+        return False
+    n = int(block.iter_vars[-2].dom.extent)
+    panels = -(-n // (lanes(block_bits(sch, block_rv)) * CPU["mm_col_vectors"]))
+    if panels < 2 * num_cores():
+        return False
+    b_vars = set().union(*[row_chain.vars_in(rg.min) for rg in b_ops[0].region])
+    return not (a_ops[0] & spatial) - b_vars  # A's spatial variables are all batch ones
 
 
 def _tile(sch, mm):
@@ -93,6 +129,8 @@ def _tile(sch, mm):
     the micro-kernel runs on the padded domain with zero-filled operand copies, and only the
     write-back is predicated. (Blocking K as well, 128 to 512, measured no faster on mlp_block:
     the packed panel already streams from L2.)"""
+    if _is_gemv(sch, mm):
+        return _tile_gemv(sch, mm)
     *batch, i, j, k = sch.get_loops(mm)
     m, n = extent(sch, i), extent(sch, j)
     if not m or not n:
@@ -111,6 +149,26 @@ def _tile(sch, mm):
     outer = [*batch, j0]
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else j0)
     return i0, k
+
+
+def _tile_gemv(sch, mm):
+    """M = 1: panels of NR columns in parallel, each a k-loop of broadcast x vector FMAs into NR /
+    lanes accumulators; bound by reading B once, which the packed panels stream."""
+    *batch, j, k = sch.get_loops(mm)
+    n = extent(sch, j)
+    if not n:
+        return None
+    v = lanes(block_bits(sch, mm))
+    nr = min(v * CPU["mm_col_vectors"], -(-n // v) * v)
+    if n % nr:
+        sch.pad_einsum(mm, [1] * len(batch) + [nr, 1])
+        *batch, j, k = sch.get_loops(mm)
+    j0, j1 = sch.split(j, [None, nr])
+    sch.reorder(*batch, j0, k, j1)
+    sch.vectorize(j1)
+    outer = [*batch, j0]
+    sch.parallel(sch.fuse(*outer) if len(outer) > 1 else j0)
+    return j0, k
 
 
 def _pack_panels(sch, mm):

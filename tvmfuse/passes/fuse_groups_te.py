@@ -105,9 +105,11 @@ def _rewrite_block(bb, block, outputs, knobs, report):
         key = positions[0]
         if key in fused:
             members, pf, inputs, outs = fused[key]
-            name = _group_name(g, members)
-            while name in _TAKEN[-1]:
-                name += "_1"
+            base = name = _group_name(g, members)
+            k = 1
+            while name in _TAKEN[-1]:  # fused_conv2d_add_relu, _2, _3, ... (never a _1_1_1 chain)
+                k += 1
+                name = f"{base}_{k}"
             _TAKEN[-1].add(name)
             gv = bb.add_func(pf, name)  # typed GlobalVar
             if len(outs) == 1:
