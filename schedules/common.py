@@ -193,4 +193,5 @@ def pack_at_build_time(sch, block_rv) -> bool:
     if not any(r.source.same_as(p) for r in sch.get(block_rv).reads for p in params):
         return False
     sch.annotate(block_rv, "meta_schedule.layout_rewrite_preproc", True)
+    sch.annotate(sch.get_sblock("root"), "tvmfuse.prepack", True)  # what PrepackWeights looks for
     return True

@@ -49,7 +49,7 @@ def test_bench_runs_a_real_model(tmp_path):
     assert p.returncode == 0, p.stderr
     (row,) = json.loads(out.read_text())["rows"]
     assert set(row["ms"]) == {"tvm", "tvmfuse", "torch"} and all(row["ok"].values())
-    assert row["skipped"] == {"numpy": "not wired for real models"}
+    assert row["skipped"] == {"numpy": "numpy has no form of a real model"}
 
 
 def test_the_system_after_numpy_waits_for_openblas_to_stop_spinning(monkeypatch):

@@ -42,11 +42,23 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
         from .tuning import apply_logs
 
         mod = apply_logs(mod, target, tuning_logs)
-    mod = schedules.lower_math(schedules.apply_default_schedules(mod, target), target)
+    mod = schedules.lower_math(stamp_flops(schedules.apply_default_schedules(mod, target)), target)
     if target.kind.name == "llvm":
         with target, tvm.transform.PassContext(opt_level=3):
             mod = PrepackWeights(mod)
     return mod
+
+
+def stamp_flops(mod: tvm.IRModule) -> tvm.IRModule:
+    """Each PrimFunc gets `tvmfuse.flops` (roofline.kernel_flops), read by the per-kernel roofline.
+    Counted before lower_math, whose Let-bound math a Schedule no longer accepts."""
+    from .roofline import kernel_flops
+
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            out[gv] = f.with_attr("tvmfuse.flops", kernel_flops(f))
+    return out
 
 
 def check_module(mod) -> None:

@@ -24,6 +24,13 @@ def constant_passes() -> list:
     return [T.FoldConstant(), FoldBatchNorm, T.DeadCodeElimination()]
 
 
+def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
+    """`constant_passes` on a module: the graph the fusion planner sees in a build (explain and
+    the pictures plan on it too, so they describe the kernels the build makes)."""
+    with tvm.transform.PassContext(opt_level=3):
+        return tvm.transform.Sequential(constant_passes())(mod)
+
+
 def graph_passes(fusion: str, knobs: dict | None = None) -> list:
     """The passes that turn a high-level Relax module into call_tir's, per fusion variant."""
     T = relax.transform

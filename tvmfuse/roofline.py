@@ -112,22 +112,51 @@ def kernel_flops(func) -> int:
     import tvm
 
     sch = tvm.s_tir.Schedule(func)
-    total, stack = 0, [sch.get_sblock("root")] if _has_root(func) else []
+    root = getattr(func.body, "block", None)
+    if not isinstance(root, tvm.s_tir.SBlock):
+        return 0
+    total, stack = 0, [sch.get_sblock(root.name_hint)]
     while stack:
         for child in sch.get_child_blocks(stack.pop()):
             stack.append(child)
             block = sch.get(child)
-            reduces = [iv for iv in block.iter_vars if int(iv.iter_type) == 2]
-            body = str(block.body)
-            if reduces and "*" in body and "+" in body:
-                total += 2 * int(np.prod([int(iv.dom.extent) for iv in block.iter_vars]))
+            reduces = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
+            written = {w.source.name for w in block.writes}
+            # two operands moving with the reduction (input and weight), as in a matmul or conv;
+            # a row sum of squares or a pooling window reads one
+            operands = [r for r in block.reads if r.source.name not in written
+                        and any(_vars_in(rg.min) & reduces for rg in r.region)]
+            extents = [iv.dom.extent for iv in block.iter_vars]
+            if not all(isinstance(e, tvm.tirx.IntImm) for e in extents):
+                continue  # a symbolic extent: no count (the roofline shows bytes only)
+            if reduces and len(operands) >= 2 and _is_multiply_add(block.body):
+                total += 2 * int(np.prod([int(e) for e in extents]))
     return total
 
 
-def _has_root(func) -> bool:
+def _is_multiply_add(stmt) -> bool:
+    """C[..] = C[..] + X * Y with X and Y loading different buffers: the update of a matmul or
+    conv (a sum of squares (x - m) * (x - m) is not)."""
+    import re
+
     import tvm
 
-    return isinstance(getattr(func.body, "block", None), tvm.s_tir.SBlock)
+    value = stmt.value if isinstance(stmt, tvm.tirx.BufferStore) else None
+    if not isinstance(value, tvm.tirx.Add):
+        return False
+    for side in (value.a, value.b):
+        side = side.value if isinstance(side, tvm.tirx.Cast) else side
+        if isinstance(side, tvm.tirx.Mul):
+            x, y = (set(re.findall(r"(\w+)\[", str(f))) for f in (side.a, side.b))
+            if x and y and not x & y:
+                return True
+    return False
+
+
+def _vars_in(expr) -> set:
+    from schedules.row_chain import vars_in
+
+    return vars_in(expr)
 
 
 def roofline_ms(flops_: int, nbytes: int, peak_gflops: float, gbs: float) -> float:

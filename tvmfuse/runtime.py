@@ -17,7 +17,6 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .roofline import kernel_flops
 from .relax_utils import call_tir_sites, tensor_bytes
 from .target import is_gpu
 
@@ -170,7 +169,7 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
     names = list(kc.kernels())
     total = sum(kc.times[n] for n in names) or 1.0
     funcs = {gv.name_hint: f for gv, f in compiled.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
-    flops = {n: kernel_flops(funcs[n]) if n in funcs else 0 for n in names}
+    flops = {n: int(funcs[n].attrs.get("tvmfuse.flops", 0)) if n in funcs and funcs[n].attrs else 0 for n in names}
     return [{"name": n, "calls": kc.counts[n] // runs, "ms": kc.times[n] * 1e3 / runs,
              "bytes": sites.get(n, {}).get("bytes", 0), "share": kc.times[n] / total,
              "flops": flops[n] * (kc.counts[n] // runs), "outputs": sites.get(n, {}).get("outputs", []),

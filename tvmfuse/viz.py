@@ -97,7 +97,10 @@ def fusion_graph(mod, func_name: str = "main", **knobs) -> FusionGraph:
     from .passes.api import _check_knobs
     from .passes.fuse_groups_te import FuseGroupsTE
 
+    from .pipeline import fold_constants
+
     _check_knobs(knobs)
+    mod = fold_constants(mod)  # the graph a build plans on
     p = FuseGroupsTE(**knobs)
     p(mod)
     func = mod[func_name]

@@ -20,9 +20,11 @@ def fuse(mod, **knobs):
 
 def explain(mod, **knobs) -> str:
     """Text: every fused group with the op classes inside, and every refused edge with its rule."""
+    from ..pipeline import fold_constants
+
     _check_knobs(knobs)
     p = FuseGroupsTE(**knobs)
-    p(mod)
+    p(fold_constants(mod))
     lines = []
     for k, plan in enumerate(p.report):
         g = plan.graph

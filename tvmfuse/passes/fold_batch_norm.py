@@ -64,8 +64,16 @@ class _Chain:
     def __init__(self, pos, call, axis, w):
         self.first, self.last, self.call, self.axis = pos, pos, call, axis
         self.w, self.bias = w.astype(w.dtype, copy=True), None
+        self.links, self.scaled = 0, False
 
     def absorb(self, op, c):
+        if not self._absorb(op, c):
+            return False
+        self.links += 1
+        self.scaled |= op in ("relax.multiply", "relax.divide")
+        return True
+
+    def _absorb(self, op, c):
         if op in ("relax.multiply", "relax.divide"):
             if op == "relax.divide" and not (np.all(np.isfinite(c)) and np.all(c != 0)):
                 return False
@@ -114,7 +122,8 @@ def _fold_block(block, outputs):
         del at[lhs]
         chain.last = pos
         at[bd.var] = chain
-    folded = [ch for ch in chains if ch.last != ch.first]
+    # a lone bias add is what the rewrite would emit again: only chains that save an op change
+    folded = [ch for ch in chains if ch.links >= 2 or ch.scaled]
     if not folded:
         return block
     return relax.DataflowBlock(_rewrite(block, folded))

@@ -8,8 +8,9 @@ Two module passes around the default schedules (pipeline.py):
                        the indices of the parameters that are a Relax constant at every call site.
                        A parameter that is an activation at one site is not listed.
   PrepackWeights       runs after the schedules, on llvm. A rule that packs an operand listed there
-                       (cpu_matmul._pack_panels) marks the packing block
-                       `meta_schedule.layout_rewrite_preproc`; TVM's SplitLayoutRewritePreproc moves
+                       (schedules.common.pack_at_build_time) marks the packing block
+                       `meta_schedule.layout_rewrite_preproc` (and the root block
+                       `tvmfuse.prepack`); TVM's SplitLayoutRewritePreproc moves
                        each such block into a PrimFunc of its own, called on the constant, and
                        FoldConstant evaluates that call at build time. The compute kernel then reads
                        the packed constant. Without marked blocks the module is unchanged.
@@ -47,7 +48,9 @@ def MarkConstantParams(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
 
 
 def _has_preproc(func) -> bool:
-    return isinstance(func, tvm.tirx.PrimFunc) and PREPROC in func.script()
+    """The rule that marked a packing block also marked the root block (schedules.common)."""
+    root = getattr(func.body, "block", None) if isinstance(func, tvm.tirx.PrimFunc) else None
+    return root is not None and "tvmfuse.prepack" in root.annotations
 
 
 @tvm.transform.module_pass(opt_level=0, name="PrepackWeights")
@@ -63,9 +66,41 @@ def PrepackWeights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     part = T.SplitLayoutRewritePreproc()(part)
     rest = {gv: f for gv, f in mod.functions_items() if gv not in marked and not isinstance(f, relax.Function)}
     mod = tvm.IRModule({**rest, **dict(part.functions_items())}, attrs=mod.attrs)
-    mod = T.DeadCodeElimination()(T.FoldConstant()(mod))
+    mod = _keep_names(T.DeadCodeElimination()(T.FoldConstant()(mod)))
     # the split-off packing functions, folded away, and the unsplit originals are called by no one
     called = {callee for _gv, f in mod.functions_items() if isinstance(f, relax.Function)
               for _v, callee, _a, _t in call_tir_sites(f)}
     return tvm.IRModule({gv: f for gv, f in mod.functions_items()
                          if isinstance(f, relax.Function) or gv in called}, attrs=mod.attrs)
+
+
+def _keep_names(mod: tvm.IRModule) -> tvm.IRModule:
+    """SplitLayoutRewritePreproc binds the kernel's output to a new var and the original one to it
+    (`lv1 = call_tir(..); lv4 = lv1`): put the call back on the original var, so the profile and
+    the report still name each kernel's output as the fusion plan does."""
+    out = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
+            continue
+        uses: dict = {}
+        for blk in func.body.blocks:
+            for bd in blk.bindings:
+                for v in relax.analysis.free_vars(bd.value):
+                    uses[v] = uses.get(v, 0) + 1
+        for v in relax.analysis.free_vars(func.body.body):
+            uses[v] = uses.get(v, 0) + 1
+        blocks = []
+        for blk in func.body.blocks:
+            calls = {bd.var for bd in blk.bindings if isinstance(bd.value, relax.Call)}
+            alias = {bd.value: bd.var for bd in blk.bindings
+                     if isinstance(bd.value, relax.Var) and bd.value in calls and uses.get(bd.value) == 1}
+            new = []
+            for bd in blk.bindings:
+                if bd.var in alias:
+                    new.append(relax.VarBinding(alias[bd.var], bd.value))
+                elif not (isinstance(bd.value, relax.Var) and bd.value in alias):
+                    new.append(bd)
+            blocks.append(type(blk)(new))
+        out[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                                 func.attrs, func.span)
+    return tvm.IRModule({**dict(mod.functions_items()), **out}, attrs=mod.attrs)
