@@ -250,6 +250,28 @@ def _ort_session(blob: bytes, threads: int):
     return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
 
 
+class _stderr_to_devnull:
+    """The exporters print whole graphs to file descriptor 2 when they fail; the reason is kept
+    from the exception instead."""
+
+    def __enter__(self):
+        import os
+        import sys
+
+        sys.stderr.flush()
+        self.saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 2)
+        os.close(null)
+
+    def __exit__(self, *exc):
+        import os
+
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        return False
+
+
 def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
     """The module as ONNX bytes: the TorchScript exporter, else the dynamo one; (None, why) when
     neither can export it."""
@@ -263,7 +285,7 @@ def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
     for dynamo in (False, True):
         buf = io.BytesIO()
         try:
-            with warnings.catch_warnings(), torch.no_grad():
+            with warnings.catch_warnings(), torch.no_grad(), _stderr_to_devnull():
                 warnings.simplefilter("ignore")
                 torch.onnx.export(module, tuple(torch.from_numpy(a) for a in arrays), buf, input_names=names,
                                   output_names=["output"], opset_version=17, dynamo=dynamo)
