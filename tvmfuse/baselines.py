@@ -251,24 +251,30 @@ def _ort_session(blob: bytes, threads: int):
 
 
 class _stderr_to_devnull:
-    """The exporters print whole graphs to file descriptor 2 when they fail; the reason is kept
-    from the exception instead."""
+    """The exporters print whole graphs to file descriptors 1 and 2 when they fail; the reason is
+    kept from the exception instead."""
 
     def __enter__(self):
         import os
         import sys
 
+        sys.stdout.flush()
         sys.stderr.flush()
-        self.saved = os.dup(2)
+        self.saved = [os.dup(1), os.dup(2)]
         null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, 1)
         os.dup2(null, 2)
         os.close(null)
 
     def __exit__(self, *exc):
         import os
+        import sys
 
-        os.dup2(self.saved, 2)
-        os.close(self.saved)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, saved in zip((1, 2), self.saved):
+            os.dup2(saved, fd)
+            os.close(saved)
         return False
 
 
