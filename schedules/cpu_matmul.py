@@ -1,11 +1,14 @@
 """CPU matmul / batch-matmul + epilogue: the classic blocked schedule with a register micro-kernel.
 
 Contract: `Matmul.apply(func, target)` takes a PrimFunc whose one reduction (after inlining the
-injective stages) has a single reduction variable and at least two spatial ones, the last two
-being the output rows i and columns j, and whose other stages are spatial (packed operand copies
-before it, an elementwise epilogue after it). It returns the function scheduled, or None
-(decline): N not a multiple of the micro-kernel width, M not a multiple of its height, or a stage
-that cannot join the tile. Every primitive it uses keeps the math; only the loop order changes.
+injective stages) has a single reduction variable k after the spatial ones, the last two being the
+output rows i and columns j, reading A at [.., i, k] and B at [.., k, j] (or, M = 1, A at [.., k]:
+a GEMV with a column panel for every core), and whose other stages are spatial (packed operand
+copies before it, an elementwise epilogue after it). It returns the function scheduled, or None
+(decline) for any other shape. Ragged M or N are padded to whole tiles (pad_einsum, zero-filled
+operand copies; only the write-back is predicated). A packing of a weight that is a constant at
+every call is marked to run at build time (passes/prepack_weights.py). Every primitive it uses
+keeps the math; only the loop order and the padding (never read back) change.
 
 Schedule (constants in targets.CPU):
   for b, j0 in parallel:                 # a panel of B (K x NR) stays in L2 across all of i0
@@ -23,8 +26,7 @@ from .common import block_bits, extent, lanes, pack_at_build_time, schedule_spat
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
-from .targets import num_cores
-from .targets import CPU
+from .targets import CPU, num_cores
 
 
 class Matmul(ScheduleRule):
