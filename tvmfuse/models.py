@@ -42,12 +42,13 @@ def _torch():
     return torch
 
 
-def _bert_module():
+def _bert_module(cfg=None):
+    """transformers BertModel returning last_hidden_state; `cfg` None: the tiny config."""
     torch = _torch()
     from transformers import BertConfig, BertModel
 
-    cfg = BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
-                     vocab_size=VOCAB, max_position_embeddings=256, attn_implementation="eager")
+    cfg = cfg or BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
+                            vocab_size=VOCAB, max_position_embeddings=256, attn_implementation="eager")
 
     class Bert(torch.nn.Module):
         def __init__(self):
@@ -60,12 +61,13 @@ def _bert_module():
     return Bert().eval()
 
 
-def _gpt2_module():
+def _gpt2_module(cfg=None):
+    """transformers GPT2LMHeadModel returning logits; `cfg` None: the tiny config."""
     torch = _torch()
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=256, use_cache=False,
-                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    cfg = cfg or GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=VOCAB, n_positions=256, use_cache=False,
+                            bos_token_id=0, eos_token_id=0, attn_implementation="eager")
 
     class GPT2(torch.nn.Module):
         def __init__(self):
@@ -119,36 +121,6 @@ def _resnet_module():
                 m.weight.uniform_(0.5, 1.5)
                 m.bias.normal_(0, 0.1)
     return net.eval()
-
-
-def _bert_base_module():
-    torch = _torch()
-    from transformers import BertConfig, BertModel
-
-    class Bert(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.bert = BertModel(BertConfig(attn_implementation="eager"))
-
-        def forward(self, input_ids):
-            return self.bert(input_ids=input_ids).last_hidden_state
-
-    return Bert().eval()
-
-
-def _gpt2_small_module():
-    torch = _torch()
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    class GPT2(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.gpt2 = GPT2LMHeadModel(GPT2Config(use_cache=False, attn_implementation="eager"))
-
-        def forward(self, input_ids):
-            return self.gpt2(input_ids=input_ids, use_cache=False).logits
-
-    return GPT2().eval()
 
 
 def _resnet50_module():
@@ -208,11 +180,17 @@ def resnet_tiny(size="small"):
 
 
 def bert_base(size="bench"):
-    return _torch_model("bert-base", _bert_base_module(), [_ids(size, 30522)], size, rtol=1e-3, atol=1e-3)
+    from transformers import BertConfig
+
+    module = _bert_module(BertConfig(attn_implementation="eager"))
+    return _torch_model("bert-base", module, [_ids(size, 30522)], size, rtol=1e-3, atol=1e-3)
 
 
 def gpt2_small(size="bench"):
-    return _torch_model("gpt2-small", _gpt2_small_module(), [_ids(size, 50257)], size, rtol=1e-3, atol=1e-3)
+    from transformers import GPT2Config
+
+    module = _gpt2_module(GPT2Config(use_cache=False, attn_implementation="eager"))
+    return _torch_model("gpt2-small", module, [_ids(size, 50257)], size, rtol=1e-3, atol=1e-3)
 
 
 def resnet50(size="bench"):
