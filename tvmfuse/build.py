@@ -13,52 +13,27 @@ import numpy as np
 import tvm
 from tvm import relax
 
-import schedules
-
-from . import pipeline
-from .errors import DeviceUnavailableError, InputError, TargetError
-from .passes.prepack_weights import MarkConstantParams, PrepackWeights
+from . import config, debug, pipeline
+from .errors import DeviceUnavailableError, InputError
 from .relax_utils import call_tir_sites, static_shape
 from .target import resolve
 
 _KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\([^;{]*\)\s*\{")
 
 
+def _options(target, fusion, tuning_logs, knobs) -> pipeline.Options:
+    """The build's options, checked: target resolved once, variant known, knobs known and typed."""
+    return pipeline.Options(resolve(target), pipeline.check_variant(fusion), config.knobs(**knobs), tuning_logs)
+
+
 def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,
             **knobs) -> tvm.IRModule:
-    """Run the variant's graph passes, the tuned schedules from `tuning_logs` (records that beat the
-    default schedule), then the default schedules for the rest, then the math lowering every
-    kernel gets (schedules.lower_math); stop before Relax lowering."""
-    if fusion not in pipeline.VARIANTS:
-        raise ValueError(f"unknown fusion variant {fusion!r}; use one of {pipeline.VARIANTS}")
+    """The pipeline's phases up to codegen (pipeline.py): the scheduled Relax module a build
+    compiles, with tuned schedules from `tuning_logs` where a record beat the default."""
     check_module(mod)
-    target = resolve(target)
-    with target, tvm.transform.PassContext(opt_level=3):
-        seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.constant_passes()
-                                      + pipeline.graph_passes(fusion, knobs))
-        mod = seq(mod)
-    mod = MarkConstantParams(mod)
-    if tuning_logs:
-        from .tuning import apply_logs
-
-        mod = apply_logs(mod, target, tuning_logs)
-    mod = schedules.lower_math(stamp_flops(schedules.apply_default_schedules(mod, target)), target)
-    if target.kind.name == "llvm":
-        with target, tvm.transform.PassContext(opt_level=3):
-            mod = PrepackWeights(mod)
-    return mod
-
-
-def stamp_flops(mod: tvm.IRModule) -> tvm.IRModule:
-    """Each PrimFunc gets `tvmfuse.flops` (roofline.kernel_flops), read by the per-kernel roofline.
-    Counted before lower_math, whose Let-bound math a Schedule no longer accepts."""
-    from .roofline import kernel_flops
-
-    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, f in mod.functions_items():
-        if isinstance(f, tvm.tirx.PrimFunc):
-            out[gv] = f.with_attr("tvmfuse.flops", kernel_flops(f))
-    return out
+    opts = _options(target, fusion, tuning_logs, knobs)
+    with opts.target, tvm.transform.PassContext(opt_level=3):
+        return pipeline.run(mod, opts).mod
 
 
 def check_module(mod) -> None:
@@ -72,19 +47,31 @@ def check_module(mod) -> None:
         raise InputError(f"the module has no function 'main' (a Relax function) to build; it defines {names}")
 
 
-def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: str | None = None,
-          **knobs) -> "Compiled":
-    target = resolve(target)
-    prepared = prepare(mod, target, fusion, tuning_logs=tuning_logs, **knobs)
-    with target, tvm.transform.PassContext(opt_level=3):
-        ex = tvm.compile(prepared, target=target,
-                         relax_pipeline=tvm.transform.Sequential(pipeline.lowering_passes(target)))
-    return Compiled(prepared, ex, target, fusion)
+def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: str | None = None, *,
+          name: str = "model", debug_dir: str | None = None, instruments=(), **knobs) -> "Compiled":
+    """Compile `mod` under a fusion variant: every phase of pipeline.py, then tvm.compile.
+
+    knobs: fusion knobs (tvmfuse/config.py; unknown ones raise UnknownKnobError). debug_dir (or
+    TVMFUSE_DEBUG_DIR): write this build's debug folder (tvmfuse/debug.py), `name` names it.
+    instruments: TVM PassInstruments to run over every phase and pass of this build."""
+    check_module(mod)
+    opts = _options(target, fusion, tuning_logs, knobs)
+    session = debug.Session(config.debug_dir(debug_dir), name, opts.fusion, instruments)
+    with opts.target, tvm.transform.PassContext(opt_level=3, instruments=session.instruments):
+        stages = pipeline.run(mod, opts)
+        ex = tvm.compile(stages.mod, target=opts.target, relax_pipeline=pipeline.phase("codegen", opts))
+        session.finish(ex, opts.target)
+    return Compiled(stages.mod, ex, opts.target, opts.fusion, plan=stages.plan, planned=stages.planned,
+                    debug_folder=session.folder)
 
 
 class Compiled:
-    def __init__(self, mod, executable, target, fusion):
+    """A built module. `plan` is tvmfuse's fusion plan of this build (None for other variants),
+    `planned` the graph it planned on; `debug_folder` where its dumps went (None: off)."""
+
+    def __init__(self, mod, executable, target, fusion, plan=None, planned=None, debug_folder=None):
         self.mod, self.executable, self.target, self.fusion = mod, executable, target, fusion
+        self.plan, self.planned, self.debug_folder = plan, planned, debug_folder
         main = mod["main"]
         self.params = [(p.name, static_shape(p.ty), p.ty.dtype) for p in main.params]
         self._dims = [_dims(p.ty) for p in main.params]  # ints and symbolic names, checked before TVM

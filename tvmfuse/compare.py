@@ -10,8 +10,9 @@ from .runtime import measure
 
 
 class Comparison:
-    def __init__(self, name, target, rows, checks):
+    def __init__(self, name, target, rows, checks, builds=None):
         self.name, self.target, self.rows, self.checks = name, str(target), rows, checks
+        self.builds = builds or {}  # variant -> the Compiled measured (report and explain reuse it)
 
     def ratios(self, base):
         by = {r.variant: r for r in self.rows}
@@ -76,14 +77,20 @@ def _close(out, ref, rtol, atol):
 
 
 def compare(mod, inputs, target="llvm", variants=("none", "tvm", "tvmfuse"), reference=None,
-            name="model", rtol=1e-4, atol=1e-5, run=True, repeat=15, tuning_logs=None) -> Comparison:
-    """Build `mod` under each variant, check numerics against `reference` (outputs or the first
-    variant's outputs), and measure launches, bytes, peak memory and latency side by side.
-    A variant "X+tuned" is X built with the tuned schedules from `tuning_logs`."""
-    rows, checks, first = [], {}, reference
+            name="model", rtol=1e-4, atol=1e-5, run=True, repeat=15, tuning_logs=None, **knobs) -> Comparison:
+    """Build `mod` under each variant (once each; `.builds` keeps them), check numerics against
+    `reference` (outputs or the first variant's outputs), and measure launches, bytes, peak memory
+    and latency side by side. A variant "X+tuned" is X built with the tuned schedules from
+    `tuning_logs`. `knobs` go to the tvmfuse variants."""
+    from .target import resolve
+
+    target = resolve(target)
+    rows, checks, first, builds = [], {}, reference, {}
     for v in variants:
         base, _, tuned = v.partition("+")
-        c = build(mod, target, base, tuning_logs=(tuning_logs or "tuning_logs") if tuned else None)
+        c = build(mod, target, base, tuning_logs=(tuning_logs or "tuning_logs") if tuned else None, name=name,
+                  **(knobs if base == "tvmfuse" else {}))
+        builds[v] = c
         m = measure(c, inputs, run=run, repeat=repeat)
         m.variant = v
         if run:
@@ -94,4 +101,4 @@ def compare(mod, inputs, target="llvm", variants=("none", "tvm", "tvmfuse"), ref
         else:
             checks[v] = None
         rows.append(m)
-    return Comparison(name, target if isinstance(target, str) else str(target), rows, checks)
+    return Comparison(name, str(target), rows, checks, builds)

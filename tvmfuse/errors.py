@@ -24,3 +24,11 @@ class DeviceUnavailableError(TvmfuseError, RuntimeError):
 
 class FrontendError(TvmfuseError, ValueError):
     """A model could not be imported (missing/corrupt file, unsupported op, bad example inputs)."""
+
+
+class UnknownKnobError(TvmfuseError, TypeError):
+    """A fusion knob (a keyword of build/fuse/explain, or a TVMFUSE_* variable) tvmfuse does not have."""
+
+
+class ConfigError(TvmfuseError, ValueError):
+    """A config value that cannot be used (a TVMFUSE_* variable that is no int or bool)."""

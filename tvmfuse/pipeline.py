@@ -1,19 +1,65 @@
-"""The compile pipeline, read as a list. Build-time constant work shared by every variant, one
-list of graph passes per fusion variant, then the shared tail: default schedules, weight
-pre-packing, Relax lowering, finalize.
+"""The compile pipeline, read as a list: the phases every build runs, in order, for every variant.
 
-  import -> constant_passes (fold constants, BatchNorm into weights) -> [variant passes: legalize /
-         fuse] -> MarkConstantParams -> [tuned records] -> schedules.apply_default_schedules
-         -> schedules.lower_math -> PrepackWeights (llvm) -> Relax lowering -> VM
+  phase           what happens                                                 where
+  normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
+  fold_constants  constants folded; BatchNorm and other per-channel affine      passes/fold_batch_norm.py
+                  chains folded into conv/matmul weights (every variant alike)
+  fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
+                  "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
+                  plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
+                  is stamped on the module)                                      te_compose.py
+  mark_constants  which PrimFunc parameters are constant weights                passes/prepack_weights.py
+  apply_tuning    MetaSchedule records (tuning_logs/) that beat the default     tuning/apply.py
+  schedule        default schedule rules per target (decline -> next rule,      schedules/
+                  fallback last), FLOPs stamped, vector math lowered
+  prepack         packing of constant weights moved to build time (llvm)        passes/prepack_weights.py
+  codegen         Relax lowering to the VM, tvm.compile                        TVM's backend lists
+
+Each phase is one `tvm.transform.Sequential` named `tvmfuse.<phase>`, so TVM's PassInstruments
+(timing, printing, tvmfuse.debug's dumps, a user's own) see the phases and every pass inside them.
+`run` runs them on a module under the caller's PassContext and target; `tvmfuse.build`,
+`tvmfuse.prepare`, `explain`/`viz` (up to "fuse") and the tuning tasks (up to "mark_constants",
+the module apply_tuning queries) all go through it. The target is resolved once, by the caller.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import tvm
 from tvm import relax
 
+from . import config
+from .plan import Plan
+
 VARIANTS = ("none", "tvm", "tvmfuse")
+PHASES = ("normalize", "fold_constants", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
+          "codegen")
 
 
+@dataclass(frozen=True)
+class Options:
+    """What one build is asked for. `target` is a resolved tvm.target.Target."""
+    target: tvm.target.Target
+    fusion: str = "tvm"
+    knobs: config.Knobs = config.Knobs()
+    tuning_logs: str | None = None
+
+
+@dataclass
+class Stages:
+    """What `run` hands back: the module the planner saw, the plan, and the last phase's module."""
+    planned: tvm.IRModule | None = None  # after fold_constants: the graph fusion planned on
+    plan: Plan | None = None  # tvmfuse's plan (None for "none" / "tvm")
+    mod: tvm.IRModule | None = None  # after the last phase run
+
+
+def check_variant(fusion: str) -> str:
+    if fusion not in VARIANTS:
+        raise ValueError(f"unknown fusion variant {fusion!r}; use one of {VARIANTS}")
+    return fusion
+
+
+# ------------------------------------------------------------------------------------ phases
 def constant_passes() -> list:
     """Build-time work on constants, the same for every variant (so variants still compare fusion):
     constant subgraphs evaluated (a transposed weight becomes a constant in the layout it is read),
@@ -24,14 +70,7 @@ def constant_passes() -> list:
     return [T.FoldConstant(), FoldBatchNorm, T.DeadCodeElimination()]
 
 
-def fold_constants(mod: tvm.IRModule) -> tvm.IRModule:
-    """`constant_passes` on a module: the graph the fusion planner sees in a build (explain and
-    the pictures plan on it too, so they describe the kernels the build makes)."""
-    with tvm.transform.PassContext(opt_level=3):
-        return tvm.transform.Sequential(constant_passes())(mod)
-
-
-def graph_passes(fusion: str, knobs: dict | None = None) -> list:
+def graph_passes(fusion: str, knobs: config.Knobs | None = None) -> list:
     """The passes that turn a high-level Relax module into call_tir's, per fusion variant."""
     T = relax.transform
     if fusion == "none":  # every op its own kernel
@@ -41,7 +80,7 @@ def graph_passes(fusion: str, knobs: dict | None = None) -> list:
     if fusion == "tvmfuse":
         from .passes import tvmfuse_passes  # the custom fusion passes slot in here
 
-        return tvmfuse_passes(knobs or {})
+        return tvmfuse_passes(knobs if knobs is not None else config.knobs())
     raise ValueError(f"unknown fusion variant {fusion!r}; use one of {VARIANTS}")
 
 
@@ -54,10 +93,86 @@ def _backend(target: tvm.target.Target):
     return pipeline
 
 
+def library_passes(target: tvm.target.Target) -> list:
+    return _backend(target).library_dispatch_passes(target)
+
+
 def lowering_passes(target: tvm.target.Target) -> list:
     P = _backend(target)
     return P.dataflow_lower_passes(target) + P.finalize_passes(target)
 
 
-def library_passes(target: tvm.target.Target) -> list:
-    return _backend(target).library_dispatch_passes(target)
+def _function_pass(name, fn):
+    """A module pass around a plain function of the module (so instruments see it)."""
+    return tvm.transform.module_pass(lambda mod, _ctx: fn(mod), opt_level=0, name=name)
+
+
+def phase_passes(phase: str, opts: Options) -> list:
+    """The passes of one phase, for one build."""
+    import schedules
+
+    from .passes.prepack_weights import MarkConstantParams, PrepackWeights
+
+    t = opts.target
+    if phase == "normalize":
+        return library_passes(t)
+    if phase == "fold_constants":
+        return constant_passes()
+    if phase == "fuse":
+        return graph_passes(opts.fusion, opts.knobs)
+    if phase == "mark_constants":
+        return [MarkConstantParams]
+    if phase == "apply_tuning":
+        if not opts.tuning_logs:
+            return []
+        from .tuning import apply_logs
+
+        return [_function_pass("ApplyTuningLogs", lambda m: apply_logs(m, t, opts.tuning_logs))]
+    if phase == "schedule":
+        from .roofline import stamp_flops
+
+        return [_function_pass("ApplyDefaultSchedules", lambda m: schedules.apply_default_schedules(m, t)),
+                _function_pass("StampFlops", stamp_flops),  # before lower_math: Schedule() rejects its Lets
+                _function_pass("LowerMath", lambda m: schedules.lower_math(m, t))]
+    if phase == "prepack":
+        return [PrepackWeights] if t.kind.name == "llvm" else []
+    if phase == "codegen":
+        return lowering_passes(t)
+    raise ValueError(f"unknown phase {phase!r}; the phases are {PHASES}")
+
+
+def phase(name: str, opts: Options) -> tvm.transform.Pass:
+    """One phase as a named Sequential (`tvmfuse.<name>`)."""
+    return tvm.transform.Sequential(phase_passes(name, opts), name=f"tvmfuse.{name}")
+
+
+def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
+    """Run the phases from "normalize" through `until` (not "codegen": tvm.compile does that, see
+    build.py) under the caller's PassContext and target scope."""
+    if until not in PHASES[:-1]:
+        raise ValueError(f"run() stops at one of {PHASES[:-1]}, not {until!r}")
+    out = Stages()
+    for name in PHASES[: PHASES.index(until) + 1]:
+        mod = phase(name, opts)(mod)
+        if name == "fold_constants":
+            out.planned = mod
+        elif name == "fuse":
+            out.plan = Plan.of(mod)
+    out.mod = mod
+    return out
+
+
+def fold_constants(mod: tvm.IRModule, target="llvm") -> tvm.IRModule:
+    """The graph the fusion planner sees in a build of `mod` (normalize + fold_constants)."""
+    return plan(mod, target).planned
+
+
+def plan(mod: tvm.IRModule, target="llvm", knobs: config.Knobs | None = None) -> Stages:
+    """Run the pipeline through "fuse" for the tvmfuse variant: the planned graph and its Plan,
+    without scheduling or compiling (what explain and viz show for a module not built)."""
+    from .target import resolve
+
+    t = resolve(target)
+    opts = Options(t, "tvmfuse", knobs if knobs is not None else config.knobs())
+    with t, tvm.transform.PassContext(opt_level=3):
+        return run(mod, opts, until="fuse")

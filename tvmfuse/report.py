@@ -50,20 +50,30 @@ class Entry:
     tuning_logs: str | None = None  # where "X+tuned" variants find their schedules
 
 
-def profile(entry: Entry, target, variants=None, runs: int = 5) -> Entry:
-    """Build each variant and fill `entry.profiles` with its per-kernel profile."""
+def _built(entry: Entry, variant: str, target):
+    """The variant's Compiled: the one its comparison measured, else a new build."""
     from .build import build
+
+    have = getattr(entry.comparison, "builds", {}).get(variant) if entry.comparison is not None else None
+    if have is not None:
+        return have
+    base, _, tuned = variant.partition("+")  # "tvmfuse+tuned": tvmfuse with the tuned schedules
+    kw = dict(entry.knobs) if base == "tvmfuse" else {}
+    if tuned:
+        kw["tuning_logs"] = entry.tuning_logs or "tuning_logs"
+    return build(entry.mod, target, base, name=entry.name, **kw)
+
+
+def profile(entry: Entry, target, variants=None, runs: int = 5) -> Entry:
+    """Fill `entry.profiles` with each variant's per-kernel profile (of the build its comparison
+    measured: no variant is built twice)."""
     from .runtime import kernel_profile
 
     if entry.inputs is None:
         return entry
     for v in variants or [r.variant for r in entry.comparison.rows]:
-        base, _, tuned = v.partition("+")  # "tvmfuse+tuned": tvmfuse with the tuned schedules
-        kw = dict(entry.knobs) if base == "tvmfuse" else {}
-        if tuned:
-            kw["tuning_logs"] = entry.tuning_logs or "tuning_logs"
         try:
-            entry.profiles[v] = kernel_profile(build(entry.mod, target, base, **kw), entry.inputs, runs=runs)
+            entry.profiles[v] = kernel_profile(_built(entry, v, target), entry.inputs, runs=runs)
         except (TvmfuseError, ValueError, TypeError) as err:  # no device here, unknown variant, ...
             entry.profiles[v] = str(err)
     return entry
@@ -248,14 +258,22 @@ def legend_html() -> str:
     return f'<p class="legend">op classes: {spans}</p>'
 
 
-def entry_html(k, entry) -> str:
-    from .passes.api import explain
+def _planned(entry):
+    """What the graphs and explain describe: the tvmfuse build measured, else the module (planned once)."""
+    built = getattr(entry.comparison, "builds", {}).get("tvmfuse") if entry.comparison is not None else None
+    return (built, {}) if built is not None else (entry.mod, entry.knobs)
 
-    fg = viz.fusion_graph(entry.mod, **entry.knobs)
+
+def entry_html(k, entry) -> str:
+    from .passes.api import plan_of
+
+    subject, knobs = _planned(entry)
+    fg = viz.fusion_graph(subject, **knobs)
+    plan = plan_of(subject, **knobs)[1]
     cmp = entry.comparison
     fused = sum(1 for g in fg.groups if g.fused)
     parts = [f'<h2 id="w{k}">{_e(entry.name)}</h2>',
-             f"<p>{len(fg.ops())} ops; tvmfuse plans {len(fg.groups)} kernels ({fused} fused groups); "
+             f"<p>{len(fg.ops())} ops; tvmfuse plans {plan.kernels()} kernels ({fused} fused groups); "
              f"{len(fg.refused)} refused merges. Numerics: "
              + ", ".join(f"{_e(v)} {'ok' if ok else ('-' if ok is None else 'DIFFERS')}"
                          for v, ok in cmp.checks.items()) + "</p>",
@@ -265,7 +283,7 @@ def entry_html(k, entry) -> str:
              + _pic(viz.draw_kernels(fg, title="kernels after fusion"), f"w{k}-kernels") + "</div>",
              "<h3>Per-kernel profile</h3>", profile_html(entry, fg),
              "<h3>Refused fusions</h3>", refused_html(fg),
-             f"<details><summary>tvmfuse.explain</summary><pre>{_e(explain(entry.mod, **entry.knobs))}</pre></details>"]
+             f"<details><summary>tvmfuse.explain</summary><pre>{_e(plan.explain())}</pre></details>"]
     return "\n".join(parts)
 
 
@@ -336,7 +354,7 @@ def run(models, size="small", target="llvm", out="report.html", logs=None,
 
 def from_comparisons(path, names, size, comparisons, target="llvm", logs=None, run=True) -> str:
     """The report for zoo workloads already measured (scripts/tune.py --report): adds the graphs and
-    the per-kernel profiles (each variant built once more) to the given Comparisons."""
+    the per-kernel profiles of the builds the Comparisons measured."""
     from .target import resolve
 
     entries = []

@@ -178,3 +178,15 @@ def flops(workload):
         b, s, dm = shapes["q"]
         return 2 * b * s * s * dm * 2
     return None
+
+
+def stamp_flops(mod):
+    """Each PrimFunc gets `tvmfuse.flops` (kernel_flops), read by the per-kernel roofline.
+    Counted before lower_math, whose Let-bound math a Schedule no longer accepts."""
+    import tvm
+
+    out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
+    for gv, f in mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            out[gv] = f.with_attr("tvmfuse.flops", kernel_flops(f))
+    return out

@@ -3,10 +3,14 @@
 TVM's legalizers are written as `bb.call_te(topi_fn, *relax_args, **kw)`. `OpToTE` hands them a
 builder whose `call_te` maps the Relax arguments to TE tensors already built for the group (or to
 new placeholders for the group's inputs) and records the TE result instead of emitting a PrimFunc.
+Which builders record is kept per thread (see `_call_te`), so compositions may run in several
+threads at once; every other use of BlockBuilder.call_te is TVM's own.
 So a fused group is ONE TE compute definition made of the ops' own computes. A legalizer that does
 anything else (emits several calls, returns a Relax expression) is refused: NotComposable.
 """
 from __future__ import annotations
+
+import threading
 
 import tvm
 import tvm_ffi
@@ -22,25 +26,36 @@ class _Recorded:
         self.tensors = tensors
 
 
-_ENV: list = []  # (OpToTE, BlockBuilder) of the legalizer calls in flight, innermost last
-
-
+_LOCAL = threading.local()  # per thread: [(OpToTE, BlockBuilder)] of the legalizer calls in flight
 _ORIG_CALL_TE = relax.BlockBuilder.call_te
 
 
-def _recording_call_te(self, func, *args, **kwargs):
-    """BlockBuilder.call_te while a legalizer runs for OpToTE: record the TE instead of emitting.
-    A real BlockBuilder is needed because legalizers hand it to FFI helpers (type inference); FFI
-    objects take no Python subclass, so the method is swapped for the duration of the call."""
-    if not _ENV or not self.same_as(_ENV[-1][1]):
+def _recording(bb):
+    """The OpToTE recording for this builder in this thread, or None."""
+    for env, b in reversed(getattr(_LOCAL, "stack", ())):
+        if bb.same_as(b):
+            return env
+    return None
+
+
+def _call_te(self, func, *args, **kwargs):
+    """BlockBuilder.call_te: unchanged, except for a builder this thread handed to a legalizer for
+    OpToTE, where the TE is recorded instead of emitted. A real BlockBuilder is needed because the
+    legalizers reach it through FFI (which makes a new Python wrapper of the same object, so neither a
+    Python subclass nor an instance attribute survives); hence this one method, installed once, that
+    looks the builder up in a per-thread stack. Other builders and other threads see TVM's call_te."""
+    env = _recording(self)
+    if env is None:
         return _ORIG_CALL_TE(self, func, *args, **kwargs)
-    env = _ENV[-1][0]
     kwargs.pop("primfunc_name_hint", None)
     kwargs.pop("primfunc_attrs", None)
     te_args = [env.convert(a) for a in args]
     te_kwargs = {k: env.convert(v) for k, v in kwargs.items()}
     out = func(*te_args, **te_kwargs)
     return _Recorded(list(out) if isinstance(out, (list, tuple, tvm_ffi.Array)) else [out])
+
+
+relax.BlockBuilder.call_te = _call_te
 
 
 class OpToTE:
@@ -107,8 +122,8 @@ def legalizer(call: relax.Call):
 def op_to_te(call: relax.Call, env: OpToTE):
     fl = legalizer(call)
     bb = relax.BlockBuilder()
-    _ENV.append((env, bb))
-    relax.BlockBuilder.call_te = _recording_call_te
+    stack = _LOCAL.__dict__.setdefault("stack", [])
+    stack.append((env, bb))
     try:
         res = fl(bb, call)
     except NotComposable:
@@ -116,9 +131,7 @@ def op_to_te(call: relax.Call, env: OpToTE):
     except Exception as err:
         raise NotComposable(f"{call.op.name}: legalizer failed on TE inputs ({type(err).__name__}: {err})")
     finally:
-        _ENV.pop()
-        if not _ENV:
-            relax.BlockBuilder.call_te = _ORIG_CALL_TE
+        stack.pop()
     if not isinstance(res, _Recorded):
         raise NotComposable(f"{call.op.name}: legalizer does not produce a single TE compute")
     out = res.tensors

@@ -43,10 +43,11 @@ class Group:
     index: int
     members: list  # node ids (op var names), in block order
     kind: str  # group_kind() of its classes
+    te_refused: str | None = None  # planned, but TE lowering refused it: its ops stay separate kernels
 
     @property
     def fused(self):
-        return len(self.members) > 1
+        return len(self.members) > 1 and self.te_refused is None
 
 
 @dataclass
@@ -63,23 +64,6 @@ class FusionGraph:
         return self.graph.nodes[node].get("group")
 
 
-def group_kind(classes) -> str:
-    """A short name for what a group of op classes is, e.g. 'anchor + epilogue'."""
-    classes = list(classes)
-    if len(classes) == 1:
-        return f"single {classes[0]}"
-    n_red = sum(c == REDUCTION for c in classes)
-    if COMPUTE in classes:
-        return "anchor + epilogue"
-    if n_red > 1:
-        return "stitched reductions"
-    if n_red == 1:
-        return "reduction + pointwise"
-    if OPAQUE in classes:
-        return "opaque"
-    return "pointwise chain"
-
-
 def tensor_label(ty) -> str:
     """'8x64 float32' for a tensor type; '(a, b)' for a tuple."""
     if isinstance(ty, relax.TupleType):
@@ -93,30 +77,22 @@ def tensor_label(ty) -> str:
 
 # ---------------------------------------------------------------------------------------- graph
 def fusion_graph(mod, func_name: str = "main", **knobs) -> FusionGraph:
-    """The op graph of `mod[func_name]` with the groups and refusals of tvmfuse's fusion plan."""
-    from .passes.api import _check_knobs
-    from .passes.fuse_groups_te import FuseGroupsTE
+    """The op graph of `mod[func_name]` with the groups and refusals of tvmfuse's fusion plan.
+    `mod` is a module (planned as a tvmfuse build plans it) or a tvmfuse `Compiled` (its own plan)."""
+    from .passes.api import plan_of
 
-    from .pipeline import fold_constants
-
-    _check_knobs(knobs)
-    mod = fold_constants(mod)  # the graph a build plans on
-    p = FuseGroupsTE(**knobs)
-    p(mod)
+    mod, plan = plan_of(mod, **knobs)
     func = mod[func_name]
     G = nx.DiGraph()
     fg = FusionGraph(G)
     group_of = {}  # op var name -> Group
-    for b, plan in enumerate(p.report):
-        g = plan.graph
-        for j, members in enumerate(plan.groups):
-            names = [g.by_idx[i].name for i in members]
-            grp = Group(f"b{b}g{j}", b, j, names, group_kind([g.by_idx[i].cls for i in members]))
-            fg.groups.append(grp)
-            group_of.update({n: grp for n in names})
-        for a, bb, kind, rule, reason in plan.refused:
-            fg.refused.append({"block": b, "kind": kind, "a": list(a), "b": list(bb), "rule": rule,
-                               "reason": reason})
+    for pg in plan.groups:
+        grp = Group(pg.id, pg.block, pg.index, pg.names, pg.kind, pg.te_refused)
+        fg.groups.append(grp)
+        group_of.update({n: grp for n in pg.names})
+    for r in plan.refused:
+        fg.refused.append({"block": r.block, "kind": r.kind, "a": list(r.a), "b": list(r.b), "rule": r.rule,
+                           "reason": r.reason})
     sources = {}  # var -> [(node id, tensor var)]
     for prm in func.params:
         nid = f"in-{prm.name}"

@@ -2,9 +2,10 @@
 
 
 def tvmfuse_passes(knobs):
+    """knobs: a config.Knobs."""
     from tvm import relax
 
     from .fuse_groups_te import FuseGroupsTE
 
     T = relax.transform
-    return [T.DeadCodeElimination(), FuseGroupsTE(**knobs), T.LegalizeOps(), T.AnnotateTIROpPattern()]
+    return [T.DeadCodeElimination(), FuseGroupsTE(knobs=knobs), T.LegalizeOps(), T.AnnotateTIROpPattern()]

@@ -1,37 +1,38 @@
-"""Public fusion API: `tvmfuse.fuse(mod, **knobs)` and `tvmfuse.explain(mod, **knobs)`."""
+"""Public fusion API: `tvmfuse.fuse(mod, **knobs)` and `tvmfuse.explain(mod_or_compiled, **knobs)`."""
 from __future__ import annotations
 
+from .. import config
 from .fuse_groups_te import FuseGroupsTE
-from .plan_fusion import DEFAULT_KNOBS
 
 
 def _check_knobs(knobs):
-    bad = sorted(set(knobs) - set(DEFAULT_KNOBS))
-    if bad:
-        raise TypeError(f"unknown fusion knob(s) {bad}; known: {sorted(DEFAULT_KNOBS)}")
+    config.check_names(knobs)
 
 
 def fuse(mod, **knobs):
     """The fused module: one call_tir per fused group (each one TE-built PrimFunc); ops left unfused
-    stay high-level Relax ops (LegalizeOps gives them their own kernel)."""
-    _check_knobs(knobs)
-    return FuseGroupsTE(**knobs)(mod)
+    stay high-level Relax ops (LegalizeOps gives them their own kernel). Its plan: `Plan.of(result)`."""
+    return FuseGroupsTE(knobs=config.knobs(**knobs))(mod)
 
 
-def explain(mod, **knobs) -> str:
-    """Text: every fused group with the op classes inside, and every refused edge with its rule."""
-    from ..pipeline import fold_constants
+def plan_of(mod_or_compiled, **knobs):
+    """(planned graph, Plan): a build's own (a `Compiled` of the tvmfuse variant), else the plan a
+    tvmfuse build of the module makes (the pipeline through its fuse phase, run once)."""
+    from ..build import Compiled
+    from ..pipeline import plan
 
-    _check_knobs(knobs)
-    p = FuseGroupsTE(**knobs)
-    p(fold_constants(mod))
-    lines = []
-    for k, plan in enumerate(p.report):
-        g = plan.graph
-        lines.append(f"block {k}: {len(g.nodes)} ops -> {len(plan.groups)} kernels")
-        for j, members in enumerate(plan.groups):
-            ops = ", ".join(f"{g.by_idx[i].name}:{g.by_idx[i].op}[{g.by_idx[i].cls}]" for i in members)
-            lines.append(f"  group {j} ({len(members)} ops): {ops}")
-        for a, b, kind, rule, reason in plan.refused:
-            lines.append(f"  refused {kind} {a} + {b}: [{rule}] {reason}")
-    return "\n".join(lines)
+    if isinstance(mod_or_compiled, Compiled):
+        if knobs:
+            raise TypeError("explain/viz of a built module take no knobs: it has its own plan")
+        if mod_or_compiled.plan is None:
+            raise ValueError(f"this module was built with fusion={mod_or_compiled.fusion!r}: only a "
+                             "fusion='tvmfuse' build has a tvmfuse plan")
+        return mod_or_compiled.planned, mod_or_compiled.plan
+    stages = plan(mod_or_compiled, knobs=config.knobs(**knobs))
+    return stages.planned, stages.plan
+
+
+def explain(mod_or_compiled, **knobs) -> str:
+    """Text: every fused group with the op classes inside, every group TE lowering refused, and every
+    refused merge with its rule. Of a `Compiled`, its own plan; of a module, a tvmfuse build's plan."""
+    return plan_of(mod_or_compiled, **knobs)[1].explain()

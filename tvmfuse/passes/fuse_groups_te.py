@@ -6,6 +6,11 @@ plans groups (plan_fusion.py), composes each group's ops' own TE computes (te_co
 TupleGetItem's for multi-output groups). Variables keep their identity, so nothing else is rewritten.
 Singleton groups are left as they are (LegalizeOps gives them their own kernel). Guarantees: the
 result is well formed and computes the same values; bindings are re-ordered topologically.
+
+The decisions come out as a value (tvmfuse/plan.py): the module gets `tvmfuse.plan` (the whole
+`Plan`, JSON; `Plan.of(mod)` reads it) and each fused PrimFunc `tvmfuse.group` (its ops, classes,
+kind and rule). Kernel names are the group's ops plus `_2`, `_3`, ... where a name is taken. The
+pass keeps no state between runs (it is safe to run from several threads at once).
 """
 from __future__ import annotations
 
@@ -14,11 +19,12 @@ import logging
 import tvm
 from tvm import relax, te
 
+from .. import config
+from ..plan import FUNC_ATTR, MODULE_ATTR, Group, Plan, group_kind
 from ..te_compose import NotComposable, OpToTE
 from .plan_fusion import plan
 
 log = logging.getLogger("tvmfuse.fusion")
-_TAKEN: list = []  # function names already used in the module being transformed
 
 
 def _group_name(g, members):
@@ -79,20 +85,36 @@ def _topo_units(g, units):
     return order
 
 
-def _rewrite_block(bb, block, outputs, knobs, report):
-    p = plan(block, outputs, knobs)
+def _plan_groups(p, b: int) -> list[Group]:
+    """The block plan's groups as plan.Group values (kernel names are filled in when emitted)."""
     g = p.graph
-    report.append(p)
+    out = []
+    for j, members in enumerate(p.groups):
+        ops = tuple((g.by_idx[i].name, g.by_idx[i].op, g.by_idx[i].cls) for i in members)
+        out.append(Group(f"b{b}g{j}", b, j, ops, group_kind(c for _, _, c in ops),
+                         tuple(p.merges.get(members[0], ()))))
+    return out
+
+
+def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set):
+    b = len(result.blocks)
+    p = plan(block, outputs, knobs, block_index=b)
+    g = p.graph
+    groups = _plan_groups(p, b)
+    result.blocks.append(len(g.nodes))
+    result.groups += groups
+    result.refused += p.refused
     fused = {}
-    for members in p.groups:
+    for members, grp in zip(p.groups, groups):
         if len(members) < 2:
             continue
         try:
             pf, inputs, outs = _lower_group(g, members)
         except NotComposable as err:  # planner said yes, TE said no: keep the ops unfused
-            log.info("group %s left unfused: %s", [g.by_idx[i].name for i in members], err)
+            grp.te_refused = str(err)
+            log.info("group %s left unfused: %s", grp.names, err)
             continue
-        fused[members[0]] = (members, pf, inputs, outs)
+        fused[members[0]] = (members, pf.with_attr(FUNC_ATTR, grp.attr()), inputs, outs, grp)
     if not fused:
         return block
     group_positions = {key: [q for i in m for q in g.by_idx[i].positions()] for key, (m, *_r) in fused.items()}
@@ -104,14 +126,15 @@ def _rewrite_block(bb, block, outputs, knobs, report):
         positions = units[u]
         key = positions[0]
         if key in fused:
-            members, pf, inputs, outs = fused[key]
+            members, pf, inputs, outs, grp = fused[key]
             base = name = _group_name(g, members)
             k = 1
-            while name in _TAKEN[-1]:  # fused_conv2d_add_relu, _2, _3, ... (never a _1_1_1 chain)
+            while name in taken:  # fused_conv2d_add_relu, _2, _3, ... (never a _1_1_1 chain)
                 k += 1
                 name = f"{base}_{k}"
-            _TAKEN[-1].add(name)
+            taken.add(name)
             gv = bb.add_func(pf, name)  # typed GlobalVar
+            grp.kernel = gv.name_hint
             if len(outs) == 1:
                 bindings.append(relax.VarBinding(outs[0], relax.call_tir(gv, inputs, out_ty=outs[0].ty)))
             else:
@@ -124,7 +147,7 @@ def _rewrite_block(bb, block, outputs, knobs, report):
     return relax.DataflowBlock(bindings)
 
 
-def fuse_function(func, bb, knobs, report):
+def fuse_function(func, bb, knobs, result: Plan, taken: set):
     body = func.body
     outputs = set(relax.analysis.free_vars(body.body))
     later_uses = set()
@@ -135,7 +158,8 @@ def fuse_function(func, bb, knobs, report):
                 for bd in other.bindings:
                     later_uses |= set(relax.analysis.free_vars(bd.value))
     new_blocks = [
-        _rewrite_block(bb, b, outputs | later_uses, knobs, report) if isinstance(b, relax.DataflowBlock) else b
+        _rewrite_block(bb, b, outputs | later_uses, knobs, result, taken) if isinstance(b, relax.DataflowBlock)
+        else b
         for b in blocks
     ]
     return relax.Function(func.params, relax.SeqExpr(new_blocks, body.body), func.ret_ty, func.is_pure,
@@ -144,19 +168,21 @@ def fuse_function(func, bb, knobs, report):
 
 @tvm.transform.module_pass(opt_level=0, name="tvmfuse.FuseGroupsTE")
 class FuseGroupsTE:
-    def __init__(self, **knobs):
-        self.knobs = knobs
-        self.report = []
+    """`FuseGroupsTE(**knobs)` or `FuseGroupsTE(knobs=config.Knobs(...))`; unknown knobs raise."""
+
+    def __init__(self, knobs: config.Knobs | None = None, **overrides):
+        self.knobs = knobs if knobs is not None else config.knobs(**overrides)
 
     def transform_module(self, mod, ctx):
         bb = relax.BlockBuilder()  # holds only the new PrimFuncs (unique names, typed GlobalVars)
-        _TAKEN.append({gv.name_hint for gv in mod.get_global_vars()})
+        taken = {gv.name_hint for gv in mod.get_global_vars()}  # names in use, this run only
+        result = Plan()
         new = {}
         for gv, f in list(mod.functions_items()):
             if isinstance(f, relax.Function) and not (f.attrs and "Primitive" in f.attrs):
-                new[gv] = fuse_function(f, bb, self.knobs, self.report)
-        _TAKEN.pop()
+                new[gv] = fuse_function(f, bb, self.knobs, result, taken)
         out = dict(mod.functions_items())
         out.update(dict(bb.get().functions_items()))
         out.update(new)
-        return relax.transform.Normalize()(tvm.IRModule(out, attrs=mod.attrs))
+        fused = relax.transform.Normalize()(tvm.IRModule(out, attrs=mod.attrs))
+        return fused.with_attr(MODULE_ATTR, result.to_json())

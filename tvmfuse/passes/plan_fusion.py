@@ -11,25 +11,23 @@ from dataclasses import dataclass, field
 
 from tvm import relax
 
+from .. import config
+from ..plan import Refusal
 from . import legality, profitability
 from .graph import BlockGraph
 
 log = logging.getLogger("tvmfuse.fusion")
 
-DEFAULT_KNOBS = {
-    "max_group_size": 64,  # ops per fused kernel
-    "allow_recompute": False,  # let elementwise producers be recomputed inside matmul/conv
-    "multi_output": True,  # groups may write several outputs (add + RMSNorm)
-    "stitch_reductions": True,  # several reductions over the same rows in one kernel
-    "sibling": True,  # horizontal fusion of consumers of one input
-}
+DEFAULT_KNOBS = config.Knobs().as_dict()  # the knobs' defaults (tvmfuse/config.py owns them)
 
 
 @dataclass
-class Plan:
+class BlockPlan:
+    """The plan of one dataflow block, in terms of its BlockGraph's node indices."""
     graph: BlockGraph
-    groups: list  # list of sorted lists of node idx
-    refused: list = field(default_factory=list)  # (group a names, group b names, rule, reason)
+    groups: list  # sorted lists of node idx, ordered by first member
+    refused: list = field(default_factory=list)  # [Refusal]
+    merges: dict = field(default_factory=dict)  # first member of a group -> ["edge"/"sibling", ...]
 
 
 def _creates_cycle(g, group_of, ga, gb, members):
@@ -73,34 +71,44 @@ def _candidates(g, group_of, members, knobs):
                     yield (x, y), (var,)
 
 
-def plan(block, outputs, knobs=None) -> Plan:
-    knobs = {**DEFAULT_KNOBS, **(knobs or {})}
+def _as_dict(knobs) -> dict:
+    """Knobs (config.Knobs), a dict of some knobs, or None -> every knob's value."""
+    if isinstance(knobs, config.Knobs):
+        return knobs.as_dict()
+    return config.knobs(**(knobs or {})).as_dict()
+
+
+def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
+    knobs = _as_dict(knobs)
     g = BlockGraph(block, outputs)
     group_of = {n.idx: n.idx for n in g.nodes}
     members = {n.idx: {n.idx} for n in g.nodes}
+    how = {n.idx: [] for n in g.nodes}  # group -> merge kinds, in order
     while True:
         scored = []
         for (x, y), shared in _candidates(g, group_of, members, knobs):
             s, _ = profitability.score(g, members[x], members[y], knobs, shared)
             if s is not None:
-                scored.append((s, x, y))
+                scored.append((s, x, y, "sibling" if shared else "edge"))
         merged = False
-        for s, x, y in sorted(scored, key=lambda t: (-t[0], t[1], t[2])):
+        for s, x, y, kind in sorted(scored, key=lambda t: (-t[0], t[1], t[2])):
             if legality.check(g, members[x] | members[y], knobs) or _creates_cycle(g, group_of, x, y, members):
                 continue
             members[x] |= members.pop(y)
+            how[x] += [kind] + how.pop(y)
             for i in members[x]:
                 group_of[i] = x
             merged = True
             break
         if not merged:
             break
-    p = Plan(g, [sorted(m) for m in sorted(members.values(), key=min)])
-    _record_refusals(p, group_of, members, knobs)
+    p = BlockPlan(g, [sorted(m) for m in sorted(members.values(), key=min)],
+                  merges={min(members[x]): how[x] for x in members})
+    _record_refusals(p, group_of, members, knobs, block_index)
     return p
 
 
-def _record_refusals(p, group_of, members, knobs):
+def _record_refusals(p, group_of, members, knobs, block_index):
     g = p.graph
     for (x, y), shared in _candidates(g, group_of, members, knobs):
         res = legality.check(g, members[x] | members[y], knobs)
@@ -113,5 +121,5 @@ def _record_refusals(p, group_of, members, knobs):
             continue
         names = lambda gid: [g.by_idx[i].name for i in sorted(members[gid])]
         kind = "sibling" if shared else "edge"
-        p.refused.append((names(x), names(y), kind, res[0], res[1]))
+        p.refused.append(Refusal(block_index, tuple(names(x)), tuple(names(y)), kind, res[0], res[1]))
         log.info("refused %s %s + %s: [%s] %s", kind, names(x), names(y), res[0], res[1])

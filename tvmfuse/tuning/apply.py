@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from . import decisions
 from .database import DurableDatabase, workload_key
 from .keys import target_dir, target_key
-from .tasks import normalize, tuning_form
+from .tasks import normalize, own_attrs, tuning_form
 
 log = logging.getLogger("tvmfuse.tuning")
 
@@ -67,5 +67,7 @@ def apply_logs(mod: tvm.IRModule, target: tvm.target.Target, logs: str) -> tvm.I
     for gv, f in tuned.functions_items():
         if (isinstance(f, tvm.tirx.PrimFunc) and gv.name_hint in unscheduled and f.attrs
                 and f.attrs.get("tirx.is_scheduled")):
+            for k, v in own_attrs(mod[gv]).items():  # the group, constant params, ... of the build
+                f = f.with_attr(k, v)
             out[gv] = f.with_attr("tvmfuse.tuned", workload_key(normalize(query[gv])))
     return out

@@ -1,9 +1,9 @@
 """Tuning tasks of a fused module: one per distinct PrimFunc, weighted by its call sites.
 
 Contract
-- `fused_module(mod, target, fusion)` runs the variant's graph passes (the same lists
-  `tvmfuse.build` runs) and stops before the default schedules, so the PrimFuncs are exactly the ones
-  the build will look up in the database.
+- `fused_module(mod, target, fusion)` runs the pipeline (pipeline.py, the phases `tvmfuse.build`
+  runs) through "mark_constants", the module its "apply_tuning" phase queries, so the PrimFuncs are
+  exactly the ones the build will look up in the database.
 - `extract(mod)` gives one `Task` per structurally distinct, unscheduled PrimFunc. Its `mod` is
   the function's tuning form (`tuning_form`), normalized the way `MetaScheduleApplyDatabase`
   normalizes a function before querying (`s_tir.meta_schedule.normalize_mod`), so a record found
@@ -26,7 +26,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir.meta_schedule.tir_integration import _normalize_mod
 
-from .. import pipeline
+from .. import config, pipeline
 from ..relax_utils import call_tir_sites
 
 
@@ -40,9 +40,9 @@ class Task:
 
 
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target, fusion: str, knobs: dict | None = None):
+    opts = pipeline.Options(target, pipeline.check_variant(fusion), config.knobs(**(knobs or {})))
     with target, tvm.transform.PassContext(opt_level=3):
-        seq = tvm.transform.Sequential(pipeline.library_passes(target) + pipeline.graph_passes(fusion, knobs))
-        return seq(mod)
+        return pipeline.run(mod, opts, until="mark_constants").mod
 
 
 def normalize(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
@@ -50,6 +50,7 @@ def normalize(func: tvm.tirx.PrimFunc) -> tvm.IRModule:
 
 
 def tuning_form(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    func = without_own_attrs(func)
     sch = tvm.s_tir.Schedule(func)
     try:
         root = sch.get_sblock("root")
@@ -68,6 +69,19 @@ def tuning_form(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
                 inlined = True
                 break
     return sch.mod["main"]
+
+
+def own_attrs(func) -> dict:
+    """tvmfuse's bookkeeping attributes (`tvmfuse.*`: group, constant params, ...) of a PrimFunc."""
+    return {k: v for k, v in (func.attrs or {}).items() if str(k).startswith("tvmfuse.")}
+
+
+def without_own_attrs(func):
+    """The workload without tvmfuse's bookkeeping: a record matches however the function was fused
+    or stamped (apply.py puts the attributes back on the tuned function)."""
+    for k in own_attrs(func):
+        func = func.without_attr(k)
+    return func
 
 
 def _copies_a_parameter(block, local) -> bool:
