@@ -23,6 +23,7 @@ the module apply_tuning queries) all go through it. The target is resolved once,
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import tvm
@@ -30,8 +31,10 @@ from tvm import relax
 
 from . import config
 from .plan import Plan
+from .relax_utils import GRAPH_LOCK
 
 VARIANTS = ("none", "tvm", "tvmfuse")
+_BUILD_TE = ("normalize", "fold_constants", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
 PHASES = ("normalize", "fold_constants", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
           "codegen")
 
@@ -153,7 +156,8 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
         raise ValueError(f"run() stops at one of {PHASES[:-1]}, not {until!r}")
     out = Stages()
     for name in PHASES[: PHASES.index(until) + 1]:
-        mod = phase(name, opts)(mod)
+        with GRAPH_LOCK if name in _BUILD_TE else contextlib.nullcontext():
+            mod = phase(name, opts)(mod)
         if name == "fold_constants":
             out.planned = mod
         elif name == "fuse":

@@ -1,9 +1,21 @@
 """Small helpers over Relax functions shared by the build, the measuring runtime and the passes."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import tvm
 from tvm import relax
+
+# Two pieces of TVM's Python-side graph construction are process-global, shared by every thread:
+#  - BlockBuilder keeps the builders of open functions on a class-level list (`BlockBuilder._stack`):
+#    two threads inside `with bb.function(...)` corrupt it (AssertionError in _exit_function_scope);
+#  - TE's operator tags (`te.tag.TagScope._current`): two threads inside topi computes at once raise
+#    "nested op_tag is not allowed" (every legalizer and every fused group's TE goes through them).
+# So every tvmfuse path that opens a function scope (the zoo, the frontends, the fuzzer's graphs) or
+# builds TE from Relax ops (the pipeline's phases through "fuse", classify) holds this lock. The
+# schedules and code generation, most of a build's time, run in parallel.
+GRAPH_LOCK = threading.RLock()
 
 
 def static_shape(ty) -> tuple[int, ...] | None:

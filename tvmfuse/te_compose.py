@@ -16,6 +16,8 @@ import tvm
 import tvm_ffi
 from tvm import relax, te
 
+from .relax_utils import GRAPH_LOCK
+
 
 class NotComposable(Exception):
     """The op cannot be expressed as one TE compute through its legalizer; the reason is the message."""
@@ -125,7 +127,8 @@ def op_to_te(call: relax.Call, env: OpToTE):
     stack = _LOCAL.__dict__.setdefault("stack", [])
     stack.append((env, bb))
     try:
-        res = fl(bb, call)
+        with GRAPH_LOCK:  # topi's op tags are process-global (relax_utils.GRAPH_LOCK)
+            res = fl(bb, call)
     except NotComposable:
         raise
     except Exception as err:

@@ -11,6 +11,7 @@ from tvm import relax
 from tvm.relax import op as R
 
 from .errors import UnknownWorkloadError
+from .relax_utils import GRAPH_LOCK
 
 # small: tests (tiny, fast); bench: the benchmark's shapes (partly cache-resident on a 32 MiB LLC);
 # large: the memory-bound workloads with working sets over 4x a 32 MiB LLC (each full-size tensor
@@ -69,7 +70,7 @@ def _build(name, specs, body):
     """specs: [(name, shape, dtype)]; body(bb, *vars) -> output expr(s) emitted in a dataflow block."""
     bb = relax.BlockBuilder()
     params = [relax.Var(n, relax.TensorType(s, d)) for n, s, d in specs]
-    with bb.function("main", params):
+    with GRAPH_LOCK, bb.function("main", params):
         with bb.dataflow():
             outs = body(bb, *params)
             if isinstance(outs, (list, tuple)):

@@ -14,6 +14,7 @@ Contract:
 from __future__ import annotations
 
 from ..errors import FrontendError
+from ..relax_utils import GRAPH_LOCK
 from .common import finish, read_path
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -93,8 +94,9 @@ def from_onnx(path_or_model, shapes: dict | None = None, *, params: str = "const
                                 f"shapes={{'{name}': [...]}}")
         shape_dict[name], dtype_dict[name] = dims, dtype
     try:
-        mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict,
-                            keep_params_in_input=params == "inputs")
+        with GRAPH_LOCK:  # TVM's importer opens BlockBuilder function scopes (relax_utils.py)
+            mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict,
+                                keep_params_in_input=params == "inputs")
     except Exception as err:
         raise FrontendError(f"TVM's Relax ONNX frontend failed: {type(err).__name__}: {err}") from err
     return finish(mod, params, normalize)

@@ -19,6 +19,7 @@ code emits exactly that; `_cumsum` promotes like torch.
 from __future__ import annotations
 
 from ..errors import FrontendError
+from ..relax_utils import GRAPH_LOCK
 from .common import finish
 
 _INTEGRAL = ("bool", "int8", "int16", "int32", "uint8")
@@ -109,8 +110,9 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
             "part of the model with supported ops, or pass custom_convert_map={'<op>': fn(node, importer)}"
         )
     try:
-        mod = from_exported_program(ep, keep_params_as_input=params == "inputs", unwrap_unit_return_tuple=True,
-                                    custom_convert_map=convert_map, run_ep_decomposition=False)
+        with GRAPH_LOCK:  # TVM's importer opens BlockBuilder function scopes (relax_utils.py)
+            mod = from_exported_program(ep, keep_params_as_input=params == "inputs", unwrap_unit_return_tuple=True,
+                                        custom_convert_map=convert_map, run_ep_decomposition=False)
     except Exception as err:
         raise FrontendError(f"TVM's Relax torch frontend failed on {type(module).__name__}: "
                             f"{type(err).__name__}: {err}") from err

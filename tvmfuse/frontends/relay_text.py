@@ -28,6 +28,7 @@ import tvm
 from tvm import relax
 
 from ..errors import FrontendError
+from ..relax_utils import GRAPH_LOCK
 from .common import normalize as _normalize
 from .common import read_path
 from .relay_ops import OPS, UnsupportedAttr
@@ -163,7 +164,7 @@ class _Converter:
         main = self.defs["main"]
         _, params_tree, ret_tree, body = main.children
         params = self.params(params_tree)
-        with self.bb.function("main", [v for _, v in params]):
+        with GRAPH_LOCK, self.bb.function("main", [v for _, v in params]):
             with self.bb.dataflow():
                 out = self.body(body, dict(params))
                 out = self.bb.emit_output(out)

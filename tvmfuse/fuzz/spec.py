@@ -20,6 +20,8 @@ import numpy as np
 from tvm import relax
 from tvm.relax import op as R
 
+from ..relax_utils import GRAPH_LOCK
+
 _UNARY = {"exp": R.exp, "tanh": R.tanh, "sigmoid": R.sigmoid, "relu": R.nn.relu, "negative": R.negative,
           "abs": R.abs, "sqrt": R.sqrt, "rsqrt": R.rsqrt}
 _BINARY = {"add": R.add, "subtract": R.subtract, "multiply": R.multiply, "divide": R.divide,
@@ -72,7 +74,7 @@ def to_module(spec: dict):
     params = [relax.Var(i["name"], relax.TensorType(i["shape"], i["dtype"])) for i in spec["inputs"]]
     env = {p.name: p for p in params}
     outputs = set(spec["outputs"])
-    with bb.function("main", params):
+    with GRAPH_LOCK, bb.function("main", params):
         with bb.dataflow():
             for o in spec["ops"]:
                 expr = relax_expr(o["op"], o["args"], o.get("attrs", {}), env)
