@@ -65,7 +65,7 @@ def measure_model(name, size, repeat):
     from tvmfuse import models
 
     t0 = time.perf_counter()
-    w = models.get(name, size)
+    w = tvmfuse.load(name, size)
     row = {"model": name, "size": size, "source": w.source, "import_s": round(time.perf_counter() - t0, 2),
            "inputs": [f"{list(a.shape)}:{a.dtype}" for a in w.inputs()], "variants": {}}
     row["op_classes"] = {k: n for k, n in tvmfuse.classify(w.mod).counts().items() if n}

@@ -103,7 +103,7 @@ def _measure(name, args, target) -> dict:
     import tvmfuse
     from tvmfuse import workloads
 
-    w = workloads.get(name, args.size)
+    w = tvmfuse.load(name, args.size)
     cmp = tvmfuse.compare(w.mod, w.inputs(), target, VARIANTS, reference=w.reference(*w.inputs()), name=name,
                           rtol=w.rtol, atol=w.atol, repeat=args.repeat, tuning_logs=args.logs)
     return {r.variant: {"launches": r.launches, "bytes": r.bytes_moved, "latency_ms": r.latency_ms.get("median"),

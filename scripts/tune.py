@@ -55,9 +55,9 @@ def main(argv=None):
 
     try:
         target = resolve(args.target, arch=args.arch)
-        from tvmfuse.frontends import load_model  # zoo name, real model, .onnx/.txt/.relay/.py file
+        from tvmfuse import load  # zoo name, real model, .onnx/.txt/.relay/.py file
 
-        loaded = {} if args.model == "all" else {args.model: load_model(args.model, args.size)}
+        loaded = {} if args.model == "all" else {args.model: load(args.model, args.size)}
         names = workloads.names() if args.model == "all" else [args.model]
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -77,7 +77,7 @@ def main(argv=None):
             return 2
     results = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
-        w = loaded[name] if name in loaded else workloads.get(name, args.size)
+        w = loaded[name] if name in loaded else load(name, args.size)
         cmp = tvmfuse.compare(w.mod, w.inputs(), target, variants, reference=w.reference(*w.inputs()) if run else None,
                               name=f"{name} [{args.size}]", rtol=w.rtol, atol=w.atol, run=run, repeat=args.repeat,
                               tuning_logs=args.logs)

@@ -8,13 +8,13 @@ from .build import Compiled, build, prepare
 from .classify import classify
 from .compare import Comparison, compare
 from .errors import FrontendError, TvmfuseError
-from .frontends import from_onnx, from_relay_text, from_torch, load_model
+from .frontends import from_onnx, from_relay_text, from_torch, load, load_model
 from .runtime import Measurement, measure
 from .tuning import tune
 
 __all__ = ["workloads", "build", "prepare", "Compiled", "classify", "compare", "Comparison",
            "measure", "Measurement", "TvmfuseError", "FrontendError", "from_torch", "from_onnx",
-           "from_relay_text", "load_model", "tune"]
+           "from_relay_text", "load", "load_model", "tune"]
 
 try:  # the custom fusion API (tvmfuse.passes)
     from .passes.api import explain, fuse  # noqa: F401

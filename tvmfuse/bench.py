@@ -40,11 +40,6 @@ SYSTEMS = TVM_SYSTEMS + PEERS + ("numpy",)
 # The benchmark waits this long after timing numpy.
 BLAS_SPIN_S = 0.15
 
-# the zoo workloads bound by memory traffic (roofline.flops has no count for them)
-MEMORY_BOUND = ("bias_relu_dropout", "softmax_chain", "softmax_decomposed", "layernorm_decomposed",
-                "rmsnorm_residual", "multi_reduce", "linear_regression_step")
-REDUCTION_HEAVY = ("softmax_chain", "softmax_decomposed", "layernorm_decomposed", "rmsnorm_residual",
-                   "multi_reduce")
 
 
 @dataclass
@@ -61,6 +56,8 @@ class Row:
     import_s: float = 0.0  # a real model: seconds to import it (torch.export + from_exported_program)
     flops: int = 0  # a real model: its matmul/conv FLOPs (roofline.graph_flops)
     kernels: list = field(default_factory=list)  # a real model: tvmfuse's runtime.kernel_profile rows
+    memory_bound: bool = False  # the workload's fact (workloads.Workload.memory_bound)
+    reduction_heavy: bool = False  # the workload's fact (workloads.Workload.reduction_heavy)
 
     def ratio(self, a, b):
         """How many times faster a is than b (b's ms over a's)."""
@@ -155,10 +152,10 @@ def _as_numpy(out):
 
 
 def _load(name, size):
-    """A zoo workload, or a real model from tvmfuse.models (bert-tiny, gpt2-tiny, ...)."""
-    from . import models
+    """A zoo workload, a real model or a model file (tvmfuse.load)."""
+    from .frontends import load
 
-    return models.get(name, size) if name in models.names() else workloads.get(name, size)
+    return load(name, size)
 
 
 def _time(call, budget_s):
@@ -201,7 +198,8 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
     ref = w.reference(*w.inputs())
     rtol, atol = (max(w.rtol, 1e-3), max(w.atol, 1e-4)) if is_gpu(t) else (w.rtol, w.atol)
     row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s},
-              build_s={s: r.build_s for s, r in calls.items() if r.build_s})
+              build_s={s: r.build_s for s, r in calls.items() if r.build_s},
+              memory_bound=w.memory_bound, reduction_heavy=w.reduction_heavy)
     if not isinstance(w, workloads.Workload):
         from .roofline import graph_flops
 
@@ -238,10 +236,11 @@ def best_peer(row):
     return min(ms, key=ms.get) if ms else None
 
 
-# (label, system a, system b, workloads or None for all): "a is N times faster than b"
+# (label, system a, system b, the Row fact that selects workloads or None for all): "a is N times
+# faster than b"
 _GEOMEANS = [
     ("tvmfuse vs tvm, all workloads", "tvmfuse", "tvm", None),
-    ("tvmfuse vs tvm, reduction-heavy", "tvmfuse", "tvm", REDUCTION_HEAVY),
+    ("tvmfuse vs tvm, reduction-heavy", "tvmfuse", "tvm", "reduction_heavy"),
     ("tvmfuse vs onnxruntime", "tvmfuse", "onnxruntime", None),
     ("tvmfuse vs torch eager", "tvmfuse", "torch", None),
     ("tvmfuse vs torch.compile", "tvmfuse", "torch.compile", None),
@@ -268,13 +267,13 @@ def summary(rows, systems):
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     for label, a, b, subset in _GEOMEANS:
-        g = geomean([r.ratio(a, b) for r in rows if subset is None or r.workload in subset])
+        g = geomean([r.ratio(a, b) for r in rows if subset is None or getattr(r, subset)])
         if g:
             lines.append(f"- geometric mean, {label}: {g:.2f}x")
     g = geomean([r.ratio("tvmfuse", best_peer(r)) for r in rows if best_peer(r)])
     if g:
         lines.append(f"- geometric mean, tvmfuse vs the best peer of each workload: {g:.2f}x")
-    memory = [r for r in rows if r.workload in MEMORY_BOUND and best_peer(r)]
+    memory = [r for r in rows if r.memory_bound and best_peer(r)]
     g = geomean([r.ratio("tvmfuse", best_peer(r)) for r in memory])
     if g and len(memory) < len(rows):
         lines.append(f"- geometric mean, tvmfuse vs the best peer, memory-bound zoo workloads: {g:.2f}x")

@@ -78,7 +78,7 @@ def run(args):
 
     tiny = [m for m in models.names() if m not in models.FULL_SIZE]
     groups = {"all": workloads.names(), "models": list(models.FULL_SIZE), "tiny-models": tiny,
-              "everything": workloads.names() + models.names(), "memory": list(bench.MEMORY_BOUND)}
+              "everything": workloads.names() + models.names(), "memory": workloads.memory_bound_names()}
     names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
     try:
         if bad:

@@ -24,7 +24,9 @@ def _report(args) -> int:
 def _graph(args) -> int:
     from . import report, viz
 
-    w = report._load(args.model, args.size)
+    from .frontends import load
+
+    w = load(args.model, args.size)
     fg = viz.fusion_graph(w.mod)
     title = f"{getattr(w, 'name', args.model)} [{args.size}]"
     (viz.draw_kernels if args.kernels else viz.draw)(fg, args.out, title=title)

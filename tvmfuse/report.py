@@ -319,12 +319,10 @@ def write(path, entries, target="llvm", curves=None, title="tvmfuse fusion repor
 
 
 def _load(name, size):
-    """A zoo workload, or anything tvmfuse.frontends.load_model knows (real models, model files)."""
-    try:
-        from .frontends import load_model
-    except ImportError:  # pragma: no cover - frontends not installed
-        from .workloads import get as load_model
-    return load_model(name, size)
+    """A zoo workload, a real model or a model file (tvmfuse.load)."""
+    from .frontends import load
+
+    return load(name, size)
 
 
 def run(models, size="small", target="llvm", out="report.html", logs=None,

@@ -30,6 +30,14 @@ class Workload:
     atol: float = 1e-5
     seed: int = 0
     meta: dict = field(default_factory=dict)  # shape facts a baseline needs (attention: heads)
+    flops: int | None = None  # multiply-add FLOPs of a compute-heavy workload; None: bound by memory
+    reduction_heavy: bool = False  # its time goes to row reductions (softmax, norms)
+    positive: tuple = ()  # inputs that must be positive (batch-norm variances)
+
+    @property
+    def memory_bound(self) -> bool:
+        """Bound by memory traffic: no matmul/conv FLOPs to speak of (the roofline is bytes)."""
+        return self.flops is None
 
     def inputs(self) -> list[np.ndarray]:
         """Deterministic inputs: the same arrays on every call and every machine."""
@@ -37,7 +45,7 @@ class Workload:
         out = []
         for name, shape, dtype in self.input_specs:
             a = rng.standard_normal(shape).astype(dtype)
-            if name.startswith("var"):  # batch-norm variances must be positive
+            if name in self.positive:
                 a = np.abs(a) + 0.5
             out.append(a)
         return out
@@ -56,6 +64,15 @@ def register(fn):
 
 def names() -> list[str]:
     return list(_REGISTRY)
+
+
+def memory_bound_names() -> list[str]:
+    """The zoo workloads bound by memory traffic (a fact of each workload: `memory_bound`)."""
+    return [n for n in names() if get(n).memory_bound]
+
+
+def reduction_heavy_names() -> list[str]:
+    return [n for n in names() if get(n).reduction_heavy]
 
 
 def get(name: str, size: str = "small") -> Workload:
@@ -132,7 +149,8 @@ def conv_relu_bn_add(size):
         y = (y - mu.reshape(sh)) / np.sqrt(var.reshape(sh) + 1e-5) * g.reshape(sh) + be.reshape(sh)
         return y + x
 
-    return _wl("conv_relu_bn_add", size, specs, body, ref, rtol=1e-3, atol=1e-3)
+    return _wl("conv_relu_bn_add", size, specs, body, ref, rtol=1e-3, atol=1e-3, positive=("var",),
+               flops=2 * c * c * 3 * 3 * hw * hw)
 
 
 def _conv2d_nchw(x, w, pad):
@@ -160,7 +178,7 @@ def softmax_chain(size):
         a = bb.emit(R.nn.softmax(a, axis=-1))
         return bb.emit(R.multiply(a, y))
 
-    return _wl("softmax_chain", size, specs, body, lambda x, y: _np_softmax(np.maximum(x + y, 0)) * y)
+    return _wl("softmax_chain", size, specs, body, lambda x, y: _np_softmax(np.maximum(x + y, 0)) * y, reduction_heavy=True)
 
 
 @register
@@ -174,7 +192,7 @@ def softmax_decomposed(size):
         s = bb.emit(R.sum(e, axis=-1, keepdims=True))
         return bb.emit(R.divide(e, s))
 
-    return _wl("softmax_decomposed", size, specs, body, _np_softmax)
+    return _wl("softmax_decomposed", size, specs, body, _np_softmax, reduction_heavy=True)
 
 
 @register
@@ -195,7 +213,7 @@ def layernorm_decomposed(size):
         d = x - mu
         return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
 
-    return _wl("layernorm_decomposed", size, specs, body, ref)
+    return _wl("layernorm_decomposed", size, specs, body, ref, reduction_heavy=True)
 
 
 @register
@@ -214,7 +232,7 @@ def rmsnorm_residual(size):
         s = x + r
         return s, s / np.sqrt((s * s).mean(-1, keepdims=True) + 1e-6) * w
 
-    return _wl("rmsnorm_residual", size, specs, body, ref)
+    return _wl("rmsnorm_residual", size, specs, body, ref, reduction_heavy=True)
 
 
 @register
@@ -234,7 +252,7 @@ def multi_reduce(size):
 
     # float32 accumulation over 2M elements (bench) drifts ~1e-3 from the float64 reference in every
     # variant, fused or not: the tolerance says so instead of hiding it
-    return _wl("multi_reduce", size, specs, body, ref, rtol=5e-3, atol=1e-5)
+    return _wl("multi_reduce", size, specs, body, ref, rtol=5e-3, atol=1e-5, reduction_heavy=True)
 
 
 # ---------------------------------------------------------------- compute-heavy
@@ -260,7 +278,8 @@ def mlp_block(size):
 
     # sums of 3072 products reach ~5e3 at bench size: float32 rounding gives ~1e-2 absolute error
     # next to outputs that cancel to ~0, in every system (ONNX Runtime too), so atol follows the scale
-    return _wl("mlp_block", size, specs, body, ref, rtol=1e-3, atol=_pick(size, 1e-3, 5e-2))
+    return _wl("mlp_block", size, specs, body, ref, rtol=1e-3, atol=_pick(size, 1e-3, 5e-2),
+               flops=2 * t * d * h * 2)
 
 
 @register
@@ -285,7 +304,8 @@ def attention(size):
         p = _np_softmax(th(q) @ th(k).transpose(0, 1, 3, 2) / math.sqrt(dh))
         return (p @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
 
-    return _wl("attention", size, specs, body, ref, rtol=1e-3, atol=1e-4, meta={"heads": h})
+    return _wl("attention", size, specs, body, ref, rtol=1e-3, atol=1e-4, meta={"heads": h},
+               flops=2 * b * s * s * dm * 2)
 
 
 @register

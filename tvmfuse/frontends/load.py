@@ -44,8 +44,21 @@ class LoadedModel:
     notes: list = field(default_factory=list)
     module: object = None  # the torch.nn.Module it came from (the peers' torch.compile / ONNX export)
 
+    reduction_heavy: bool = False  # a fact of the zoo's workloads; not claimed for models
+
     def inputs(self) -> list[np.ndarray]:
         return [np.array(a, copy=True) for a in self.arrays]
+
+    @property
+    def flops(self) -> int:
+        """Its matmul/conv FLOPs, counted from the graph (roofline.graph_flops)."""
+        from ..roofline import graph_flops
+
+        return graph_flops(self.mod)
+
+    @property
+    def memory_bound(self) -> bool:
+        return not self.flops
 
     def reference(self, *inputs):
         return None if self._reference is None else self._reference(*inputs)
@@ -56,7 +69,8 @@ def _is_file_spec(spec: str) -> bool:
 
 
 def load_model(spec, size: str = "small"):
-    """Resolve SPEC (see the module docstring) to a workload-like object."""
+    """Resolve SPEC (see the module docstring) to a workload-like object: THE loader (`tvmfuse.load`)
+    every entry point uses (scripts/tune.py, bench, report, `tvmfuse report`/`graph`)."""
     from .. import models, workloads
 
     spec = os.fspath(spec)

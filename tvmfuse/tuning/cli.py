@@ -78,9 +78,9 @@ def run(workloads_, size, target, variants, args) -> dict:
             if budget <= 0:
                 tqdm.write(f"time budget spent: {name} [{base}] not tuned", file=sys.stderr)
                 continue
-        from .. import workloads
+        from ..frontends import load
 
-        w = workloads.get(name, size)
+        w = load(name, size)
         res = tune(w.mod, target, base, trials=args.trials or 0, time_budget=budget, logs=args.logs,
                    resume=args.resume or not args.trials, rpc=rpc, name=f"{name} [{base}]",
                    recheck=getattr(args, "recheck", False))

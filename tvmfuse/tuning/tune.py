@@ -16,9 +16,13 @@ Contract
 from __future__ import annotations
 
 import hashlib
+import importlib
+import importlib.util
 import logging
 import math
 import os
+import platform
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -170,6 +174,7 @@ class _Session:
         strategy = ms.search_strategy.EvolutionarySearch(population_size=self.population_size,
                                                          init_min_unmeasured=min(50, self.population_size))
         cores = int(self.target.attrs.get("num-cores", 1)) if self.target.kind.name == "llvm" else 1
+        register_tensor_intrins(self.target)  # before TuneContext, which would import all of them
         ctx = ms.TuneContext(mod=task.mod, target=self.target, space_generator="post-order-apply",
                              search_strategy=strategy, task_name=task.name,
                              logger=_task_logger(self.folder, task.name),
@@ -197,6 +202,43 @@ class _Session:
             d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s * (1 - MARGIN))
             res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
             decisions.save(self.folder, d)
+
+
+_INTRIN_PKG = "tvm.s_tir.tensor_intrin"
+
+
+def register_tensor_intrins(target) -> None:
+    """Register the tensor intrinsics MetaSchedule's schedule rules for `target` may use, and only those.
+
+    `ms.TuneContext` runs `import tvm.s_tir.tensor_intrin`, whose __init__ imports the CUDA, ROCm and
+    Hexagon intrinsics as well: ~44 s on a 2-core box (cuda.py alone 28 s), paid by every process that
+    tunes. An llvm target's rules (x86 VNNI/AVX-512, ARM NEON/dotprod, RISC-V RVV) use only the CPU
+    modules (~0.3 s on x86). So for llvm the package goes into sys.modules un-executed, with the CPU
+    submodules imported; TuneContext's import then finds it. Any other target, or a later call for one,
+    runs the package's real __init__ (a reload of the partial one), i.e. registers everything as before."""
+    pkg = sys.modules.get(_INTRIN_PKG)
+    partial = pkg is not None and getattr(pkg, "_tvmfuse_partial", False)
+    if pkg is not None and not partial and hasattr(pkg, "cuda"):
+        return  # fully imported already
+    if target.kind.name != "llvm":
+        if partial:
+            pkg._tvmfuse_partial = False
+            importlib.reload(pkg)  # the real __init__: cuda, rocm, hexagon, ... (the CPU ones are cached)
+        else:
+            importlib.import_module(_INTRIN_PKG)
+        return
+    if pkg is None:
+        import tvm.s_tir
+
+        spec = importlib.util.find_spec(_INTRIN_PKG)
+        pkg = importlib.util.module_from_spec(spec)
+        pkg._tvmfuse_partial = True
+        sys.modules[_INTRIN_PKG] = pkg
+        tvm.s_tir.tensor_intrin = pkg
+    arch = (str(target.attrs.get("mtriple", "")) or platform.machine()).lower()
+    subs = ["x86", "riscv_cpu"] + (["arm_cpu"] if arch.startswith(("arm", "aarch64")) else [])
+    for sub in subs:
+        importlib.import_module(f"{_INTRIN_PKG}.{sub}")
 
 
 def _task_logger(folder: str, task_name: str) -> logging.Logger:
