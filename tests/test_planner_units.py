@@ -1,0 +1,339 @@
+"""Direct unit tests of the fusion planner's three parts on small hand-built graphs (issue 17, item 8):
+
+- legality.check(g, members, knobs) -> None or (rule, reason)
+- profitability.score(g, a, b, knobs, shared) -> (bytes saved, None) or (None, reason)
+- plan_fusion.plan(block, outputs, knobs).groups -> sorted lists of node indices (block positions)
+
+Every graph is one dataflow block built with relax.BlockBuilder; every op binding is a node, so node
+i is the i-th binding. Shapes are float32: an (8, 16) tensor is 512 bytes.
+"""
+import dataclasses
+
+import pytest
+from tvm import relax
+
+from tvmfuse.passes import legality, profitability
+from tvmfuse.passes.graph import BlockGraph
+from tvmfuse.passes.plan_fusion import plan
+
+try:
+    from tvmfuse.config import default_knobs as _dk
+
+    KNOBS = _dk()
+except ImportError:
+    try:
+        from tvmfuse.passes.plan_fusion import DEFAULT_KNOBS as KNOBS
+    except ImportError:  # the defaults moved to tvmfuse.config.Knobs
+        from tvmfuse.config import Knobs
+
+        KNOBS = Knobs()
+KNOBS = dataclasses.asdict(KNOBS) if dataclasses.is_dataclass(KNOBS) else dict(KNOBS)
+
+F32 = "float32"
+X_BYTES = 8 * 16 * 4  # one (8, 16) float32 tensor
+MM_BYTES = 8 * 32 * 4  # one (8, 32) float32 tensor
+
+
+def knobs(**over):
+    assert set(over) <= set(KNOBS), f"unknown knob in {over}: known {sorted(KNOBS)}"
+    return {**KNOBS, **over}
+
+
+def _ty(*shape):
+    return relax.TensorType(shape, F32)
+
+
+def graph(body):
+    """body(bb, x, w, b) -> the output expr; x (8, 16), w (16, 32), b (32,). Returns (block, outputs)."""
+    bb = relax.BlockBuilder()
+    x, w, b = relax.Var("x", _ty(8, 16)), relax.Var("w", _ty(16, 32)), relax.Var("b", _ty(32))
+    with bb.function("main", [x, w, b]):
+        with bb.dataflow():
+            out = bb.emit_output(body(bb, x, w, b))
+        bb.emit_func_output(out)
+    func = bb.get()["main"]
+    (block,) = func.body.blocks
+    return block, set(relax.analysis.free_vars(func.body.body))
+
+
+def block_graph(body):
+    return BlockGraph(*graph(body))
+
+
+def refusal(r):
+    """(a, b, kind, rule, reason) of a refusal: a tuple today, a dataclass / named record soon."""
+    if hasattr(r, "rule"):
+        return tuple(r.a), tuple(r.b), r.kind, r.rule, r.reason
+    a, b, kind, rule, reason = tuple(r)[-5:]
+    return tuple(a), tuple(b), kind, rule, reason
+
+
+def assert_refused(res, rule):
+    """A legality.check result: (rule, reason) with a non-empty reason."""
+    assert res is not None, f"expected a '{rule}' refusal, got a legal merge"
+    assert res[0] == rule, res
+    assert isinstance(res[1], str) and res[1].strip(), res
+
+
+def rules(p):
+    return sorted({refusal(r)[3] for r in p.refused})
+
+
+# ------------------------------------------------------------------ graphs
+def ew_chain(bb, x, w, b):  # add -> relu -> exp
+    a = bb.emit(relax.op.add(x, x))
+    r = bb.emit(relax.op.nn.relu(a))
+    return relax.op.exp(r)
+
+
+def matmul_epilogue(bb, x, w, b):  # matmul -> bias add -> relu
+    m = bb.emit(relax.op.matmul(x, w))
+    a = bb.emit(relax.op.add(m, b))
+    return relax.op.nn.relu(a)
+
+
+def matmul_softmax(bb, x, w, b):
+    m = bb.emit(relax.op.matmul(x, w))
+    return relax.op.nn.softmax(m, axis=-1)
+
+
+def two_matmuls(bb, x, w, b):
+    m = bb.emit(relax.op.matmul(x, w))
+    t = bb.emit(relax.op.permute_dims(w))
+    return relax.op.matmul(m, t)
+
+
+def opaque_middle(bb, x, w, b):  # exp -> external kernel -> relu
+    a = bb.emit(relax.op.exp(x))
+    c = bb.emit(relax.call_dps_packed("my_ext", [a], out_ty=_ty(8, 16)))
+    return relax.op.nn.relu(c)
+
+
+def no_legalizer(bb, x, w, b):  # exp -> unique (an op without FLegalize)
+    a = bb.emit(relax.op.exp(x))
+    return relax.op.unique(a)
+
+
+def around_opaque(bb, x, w, b):  # a -> ext -> c and a -> c: a and c may only merge through ext
+    a = bb.emit(relax.op.exp(x))
+    c = bb.emit(relax.call_dps_packed("my_ext", [a], out_ty=_ty(8, 16)))
+    return relax.op.add(a, c)
+
+
+def relu_into_matmul(bb, x, w, b):
+    r = bb.emit(relax.op.nn.relu(x))
+    return relax.op.matmul(r, w)
+
+
+def siblings(bb, x, w, b):  # exp(x), relu(x): two readers of x, no edge between them
+    a = bb.emit(relax.op.exp(x))
+    c = bb.emit(relax.op.nn.relu(x))
+    return relax.Tuple([a, c])
+
+
+def two_outputs(bb, x, w, b):  # exp -> relu, both returned
+    a = bb.emit(relax.op.exp(x))
+    c = bb.emit(relax.op.nn.relu(a))
+    return relax.Tuple([a, c])
+
+
+def softmax_decomposed(bb, x, w, b):  # max, sub, exp, sum, div over the rows of x
+    m = bb.emit(relax.op.max(x, axis=[1], keepdims=True))
+    s = bb.emit(relax.op.subtract(x, m))
+    e = bb.emit(relax.op.exp(s))
+    t = bb.emit(relax.op.sum(e, axis=[1], keepdims=True))
+    return relax.op.divide(e, t)
+
+
+def crossed_reductions(bb, x, w, b):  # sum over rows and over columns of the same x
+    r = bb.emit(relax.op.sum(x, axis=[1]))
+    c = bb.emit(relax.op.sum(x, axis=[0]))
+    return relax.Tuple([r, c])
+
+
+def tuple_escapes(bb, x, w, b):  # split's tuple returned whole, one field used by exp
+    t = bb.emit(relax.op.split(x, 2, axis=1))
+    h = bb.emit(relax.TupleGetItem(t, 0))
+    e = bb.emit(relax.op.exp(h))
+    return relax.Tuple([t, e])
+
+
+# ====================================================================== legality.check
+@pytest.mark.parametrize("body,members", [(ew_chain, {0, 1, 2}), (matmul_epilogue, {0, 1, 2}),
+                                          (softmax_decomposed, {0, 1, 2, 3, 4}), (two_outputs, {0, 1})])
+def test_legal_merges(body, members):
+    assert legality.check(block_graph(body), members, knobs()) is None
+
+
+def test_graph_classes_the_tests_rely_on():
+    g = block_graph(matmul_epilogue)
+    assert [n.cls for n in g.nodes] == ["compute-heavy", "broadcast", "elementwise"]
+    assert [n.idx for n in g.nodes] == [0, 1, 2]
+    assert g.users == {0: {1}, 1: {2}, 2: set()}
+
+
+def test_reduction_next_to_a_matmul_anchor_is_refused():
+    assert_refused(legality.check(block_graph(matmul_softmax), {0, 1}, knobs()), "anchor")
+
+
+def test_two_anchors_in_one_group_are_refused():
+    g = block_graph(two_matmuls)
+    assert legality.check(g, {1, 2}, knobs()) is None  # the transpose may join its matmul
+    assert_refused(legality.check(g, {0, 1, 2}, knobs()), "anchor")
+
+
+@pytest.mark.parametrize("body,members", [(opaque_middle, {0, 1}), (opaque_middle, {1, 2}),
+                                          (no_legalizer, {0, 1})])
+def test_opaque_ops_are_refused(body, members):
+    assert_refused(legality.check(block_graph(body), members, knobs()), "opaque")
+
+
+def test_tuple_used_whole_outside_the_group_is_refused():
+    assert_refused(legality.check(block_graph(tuple_escapes), {0, 2}, knobs()), "opaque")
+
+
+@pytest.mark.parametrize("limit,legal", [(1, False), (2, False), (3, True)])
+def test_max_group_size_is_an_upper_bound(limit, legal):
+    res = legality.check(block_graph(ew_chain), {0, 1, 2}, knobs(max_group_size=limit))
+    if legal:
+        assert res is None
+    else:
+        assert_refused(res, "max_group_size")
+
+
+def test_rules_are_checked_in_order_opaque_first():
+    res = legality.check(block_graph(opaque_middle), {0, 1}, knobs(max_group_size=1))
+    assert_refused(res, "opaque")
+
+
+def test_reductions_over_different_spaces_are_refused():
+    assert_refused(legality.check(block_graph(crossed_reductions), {0, 1}, knobs()), "reduction_space")
+
+
+def test_stitching_two_reductions_can_be_disabled():
+    g = block_graph(softmax_decomposed)
+    assert legality.check(g, {0, 1, 2, 3, 4}, knobs(stitch_reductions=True)) is None
+    assert_refused(legality.check(g, {0, 1, 2, 3, 4}, knobs(stitch_reductions=False)), "reduction_space")
+    assert legality.check(g, {1, 2, 3, 4}, knobs(stitch_reductions=False)) is None  # one reduction only
+
+
+def test_multi_output_groups_can_be_disabled():
+    g = block_graph(two_outputs)
+    assert legality.check(g, {0, 1}, knobs(multi_output=True)) is None
+    assert_refused(legality.check(g, {0, 1}, knobs(multi_output=False)), "multi_output")
+    assert legality.check(block_graph(ew_chain), {0, 1, 2}, knobs(multi_output=False)) is None
+
+
+# ====================================================================== profitability.score
+def test_internal_edge_saves_the_read_and_the_write():
+    g = block_graph(ew_chain)
+    assert profitability.score(g, {0}, {1}, knobs()) == (2 * X_BYTES, None)
+
+
+def test_edge_whose_producer_is_also_an_output_saves_only_the_read():
+    g = block_graph(two_outputs)
+    assert profitability.score(g, {0}, {1}, knobs()) == (X_BYTES, None)
+
+
+def test_matmul_epilogue_saves_the_matmul_output_round_trip():
+    g = block_graph(matmul_epilogue)
+    assert profitability.score(g, {0}, {1}, knobs()) == (2 * MM_BYTES, None)
+
+
+def test_elementwise_producer_of_an_anchor_is_recompute():
+    g = block_graph(relu_into_matmul)
+    saved, why = profitability.score(g, {0}, {1}, knobs(allow_recompute=False))
+    assert saved is None and isinstance(why, str) and why.strip()
+    # allowed: the read and write of relu's output are saved, its recomputation costs one read back
+    assert profitability.score(g, {0}, {1}, knobs(allow_recompute=True)) == (X_BYTES, None)
+
+
+def test_siblings_save_their_shared_input():
+    block, outputs = graph(siblings)
+    g = BlockGraph(block, outputs)
+    x = block.bindings[0].value.args[0]
+    assert profitability.score(g, {0}, {1}, knobs(), (x,)) == (X_BYTES, None)
+    saved, why = profitability.score(g, {0}, {1}, knobs(), ())  # nothing shared, no edge
+    assert saved is None and isinstance(why, str) and why.strip()
+
+
+# ====================================================================== plan
+def test_plan_elementwise_chain_is_one_group():
+    p = plan(*graph(ew_chain), knobs())
+    assert p.groups == [[0, 1, 2]]
+    assert list(p.refused) == []
+
+
+def test_plan_matmul_bias_relu_epilogue_is_one_group():
+    p = plan(*graph(matmul_epilogue), knobs())
+    assert p.groups == [[0, 1, 2]]
+
+
+def test_plan_refuses_softmax_into_matmul_with_a_reason():
+    p = plan(*graph(matmul_softmax), knobs())
+    assert p.groups == [[0], [1]]
+    ((a, b, kind, rule, reason),) = [refusal(r) for r in p.refused]
+    assert (a, b, kind, rule) == (("lv",), ("gv",), "edge", "anchor")
+    assert isinstance(reason, str) and reason.strip()
+
+
+@pytest.mark.parametrize("body,groups", [(opaque_middle, [[0], [1], [2]]), (no_legalizer, [[0], [1]])])
+def test_plan_leaves_an_opaque_op_alone(body, groups):
+    p = plan(*graph(body), knobs())
+    assert p.groups == groups
+    assert rules(p) == ["opaque"]
+
+
+def test_plan_refuses_a_merge_that_would_make_a_cycle():
+    p = plan(*graph(around_opaque), knobs())
+    assert p.groups == [[0], [1], [2]]
+    assert rules(p) == ["cycle", "opaque"]
+    (cyc,) = [refusal(r) for r in p.refused if refusal(r)[3] == "cycle"]
+    assert cyc[:3] == (("lv",), ("gv",), "edge") and cyc[4].strip()
+
+
+@pytest.mark.parametrize("body", [ew_chain, matmul_epilogue, siblings, softmax_decomposed])
+def test_plan_max_group_size_1_refuses_everything(body):
+    p = plan(*graph(body), knobs(max_group_size=1))
+    n = len(block_graph(body).nodes)
+    assert p.groups == [[i] for i in range(n)]
+    assert rules(p) == ["max_group_size"]
+
+
+def test_plan_recompute_knob():
+    assert plan(*graph(relu_into_matmul), knobs()).groups == [[0], [1]]
+    assert rules(plan(*graph(relu_into_matmul), knobs())) == ["profitability"]
+    assert plan(*graph(relu_into_matmul), knobs(allow_recompute=True)).groups == [[0, 1]]
+
+
+def test_plan_sibling_knob():
+    assert plan(*graph(siblings), knobs(sibling=True)).groups == [[0, 1]]
+    p = plan(*graph(siblings), knobs(sibling=False))
+    assert p.groups == [[0], [1]] and list(p.refused) == []  # not a candidate at all
+
+
+def test_plan_stitches_the_reductions_of_a_softmax():
+    assert plan(*graph(softmax_decomposed), knobs()).groups == [[0, 1, 2, 3, 4]]
+    p = plan(*graph(softmax_decomposed), knobs(stitch_reductions=False))
+    assert p.groups == [[0], [1, 2, 3, 4]]
+    assert rules(p) == ["reduction_space"]
+
+
+def test_plan_multi_output_knob():
+    assert plan(*graph(two_outputs), knobs()).groups == [[0, 1]]
+    p = plan(*graph(two_outputs), knobs(multi_output=False))
+    assert p.groups == [[0], [1]] and rules(p) == ["multi_output"]
+
+
+def test_plan_crossed_reductions_stay_apart():
+    p = plan(*graph(crossed_reductions), knobs())
+    assert p.groups == [[0], [1]]
+    ((a, b, kind, rule, reason),) = [refusal(r) for r in p.refused]
+    assert (kind, rule) == ("sibling", "reduction_space") and reason.strip()
+
+
+def test_plan_tuple_alias_belongs_to_its_node():
+    """A TupleGetItem is no node: node indices skip its block position."""
+    p = plan(*graph(tuple_escapes), knobs())
+    assert p.groups == [[0], [2]]
+    assert rules(p) == ["opaque"]
