@@ -359,11 +359,9 @@ class MatmulInterleaved:
         return t
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: FoldBatchNorm._rewrite drops every binding between a chain's "
-                   "anchor and its last link (range(first, last + 1)), not only the chain's own links")
 def test_fold_keeps_unrelated_bindings_inside_the_chain_span():
     after = FoldBatchNorm(_bind(MatmulInterleaved, w=MM_W, s=MM_S))
-    _check_well_formed(after)  # raises "DataflowVar u is not defined" today
+    _check_well_formed(after)  # raised "DataflowVar u is not defined" before the fix
     assert sorted(_op_names(after)) == ["relax.matmul", "relax.nn.relu"]
 
 
@@ -610,8 +608,7 @@ def test_pack_at_build_time_marks_the_packing_of_a_constant_weight_golden():
 def test_prepack_weights_golden():
     marked, _ = _mark_and_schedule(_bind(PackBefore, w=PACK_W))
     after = _prepack(marked)
-    # Normalize: PrepackWeights leaves main's body without a type (see the xfail test below)
-    tvm.ir.assert_structural_equal(relax.transform.Normalize()(after), _bind(PackExpected, wp=PACK_WP))
+    tvm.ir.assert_structural_equal(after, _bind(PackExpected, wp=PACK_WP))
     assert PREPROC not in after.script()
     x = np.random.default_rng(2).standard_normal((4, 8)).astype(F32)
     ref = np.maximum(x @ PACK_W, 0)
@@ -619,8 +616,6 @@ def test_prepack_weights_golden():
     np.testing.assert_allclose(_run(after, x), ref, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PrepackWeights (_keep_names) rebuilds main's SeqExpr without "
-                   "normalizing it: body.ty is Type::Missing and relax.analysis.well_formed raises InternalError")
 def test_prepack_weights_output_is_well_formed():
     marked, _ = _mark_and_schedule(_bind(PackBefore, w=PACK_W))
     after = _prepack(marked)
@@ -677,8 +672,6 @@ class PackInplaceUser:
         return o
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PrepackWeights keeps only PrimFuncs reached by relax.call_tir "
-                   "(relax_utils.call_tir_sites): one called by call_tir_inplace is dropped from the module")
 def test_prepack_weights_keeps_primfuncs_called_otherwise():
     marked, ok = _mark_and_schedule(_bind(PackInplaceUser, w=PACK_W))
     assert ok

@@ -63,6 +63,7 @@ def _per_channel(c, out_shape, axis):
 class _Chain:
     def __init__(self, pos, call, axis, w):
         self.first, self.last, self.call, self.axis = pos, pos, call, axis
+        self.positions = [pos]  # the anchor's and the absorbed links' bindings (others in between stay)
         self.w, self.bias = w.astype(w.dtype, copy=True), None
         self.links, self.scaled = 0, False
 
@@ -121,6 +122,7 @@ def _fold_block(block, outputs):
             continue
         del at[lhs]
         chain.last = pos
+        chain.positions.append(pos)
         at[bd.var] = chain
     # a lone bias add is what the rewrite would emit again: only chains that save an op change
     folded = [ch for ch in chains if ch.links >= 2 or ch.scaled]
@@ -146,7 +148,7 @@ def _same_type(a, b):
 
 
 def _rewrite(block, folded):
-    drop = {p for ch in folded for p in range(ch.first, ch.last + 1)}
+    drop = {p for ch in folded for p in ch.positions}
     at_end = {ch.last: ch for ch in folded}
     out = []
     for pos, bd in enumerate(block.bindings):

@@ -66,10 +66,10 @@ def PrepackWeights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     part = T.SplitLayoutRewritePreproc()(part)
     rest = {gv: f for gv, f in mod.functions_items() if gv not in marked and not isinstance(f, relax.Function)}
     mod = tvm.IRModule({**rest, **dict(part.functions_items())}, attrs=mod.attrs)
-    mod = _keep_names(T.DeadCodeElimination()(T.FoldConstant()(mod)))
-    # the split-off packing functions, folded away, and the unsplit originals are called by no one
-    called = {callee for _gv, f in mod.functions_items() if isinstance(f, relax.Function)
-              for _v, callee, _a, _t in call_tir_sites(f)}
+    mod = T.Normalize()(_keep_names(T.DeadCodeElimination()(T.FoldConstant()(mod))))
+    # the split-off packing functions, folded away, and the unsplit originals are referenced by no one
+    called = {gv for _gv, f in mod.functions_items() if isinstance(f, relax.Function)
+              for gv in relax.analysis.all_global_vars(f)}
     return tvm.IRModule({gv: f for gv, f in mod.functions_items()
                          if isinstance(f, relax.Function) or gv in called}, attrs=mod.attrs)
 
