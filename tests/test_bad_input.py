@@ -267,13 +267,13 @@ def _tuned_folder(tmp_path, record_target):
     from tvmfuse.target import resolve
     from tvmfuse.tuning import decisions, target_key
     from tvmfuse.tuning.database import DurableDatabase, workload_key
-    from tvmfuse.tuning.tasks import normalize
+    from tvmfuse.tuning.tasks import normalize, tuning_form
 
     mod = _mod([("x", (4, 8))], lambda bb, x: R.nn.relu(bb.emit(R.exp(x))))
     with resolve("llvm"):
         fused = tvm.transform.Sequential(pipeline.graph_passes("tvmfuse"))(mod)
     name, func = next((gv.name_hint, f) for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
-    norm = normalize(func)
+    norm = normalize(tuning_form(func))  # the form tasks.extract tunes and apply_logs queries
     sch = tvm.s_tir.Schedule(norm)
     sch.parallel(sch.get_loops(sch.get_child_blocks(sch.get_sblock("root"))[-1])[0])
     folder = tmp_path / target_key(resolve("llvm"))
