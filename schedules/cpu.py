@@ -1,6 +1,7 @@
 """Default CPU (llvm) schedules: inline injective stages, parallel outer loops, vectorize.
 
 Rules, in order, each able to decline:
+  Attention     - a fused attention group (tvmfuse.attention): one flash-attention kernel (cpu_attention.py)
   Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
   Matmul        - matmul / batch matmul + epilogue: blocked, register micro-kernel (cpu_matmul.py)
   Conv2D        - direct NCHW conv2d + epilogue: channel x row x vector tile (cpu_conv.py)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
+from .cpu_attention import Attention
 from .cpu_conv import Conv2D
 from .cpu_matmul import Matmul
 from .cpu_reduction import ColumnReduction, FullReduction, RowReduction
@@ -51,4 +53,5 @@ class Fallback(ScheduleRule):
         return sch.mod["main"]
 
 
-RULES = [Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(), Fallback()]
+RULES = [Attention(), Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(),
+         Fallback()]

@@ -30,6 +30,7 @@ class Knobs:
     multi_output: bool = True  # a fused kernel may write several outputs (add + RMSNorm: sum and norm)
     stitch_reductions: bool = True  # several reductions over the same rows in one kernel (softmax)
     sibling: bool = True  # horizontal fusion of groups that read the same input
+    attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (passes/match_attention.py)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

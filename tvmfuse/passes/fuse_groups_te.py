@@ -22,12 +22,15 @@ from tvm import relax, te
 from .. import config
 from ..plan import FUNC_ATTR, MODULE_ATTR, Group, Plan, group_kind
 from ..te_compose import NotComposable, OpToTE
+from . import match_attention
 from .plan_fusion import plan
 
 log = logging.getLogger("tvmfuse.fusion")
 
 
-def _group_name(g, members):
+def _group_name(g, members, attention=False):
+    if attention:
+        return "fused_attention"
     ops = []
     for i in members:
         op = g.by_idx[i].op.split(".")[-1]
@@ -91,8 +94,8 @@ def _plan_groups(p, b: int) -> list[Group]:
     out = []
     for j, members in enumerate(p.groups):
         ops = tuple((g.by_idx[i].name, g.by_idx[i].op, g.by_idx[i].cls) for i in members)
-        out.append(Group(f"b{b}g{j}", b, j, ops, group_kind(c for _, _, c in ops),
-                         tuple(p.merges.get(members[0], ()))))
+        kind = "flash attention" if members[0] in p.attention else group_kind(c for _, _, c in ops)
+        out.append(Group(f"b{b}g{j}", b, j, ops, kind, tuple(p.merges.get(members[0], ()))))
     return out
 
 
@@ -114,7 +117,11 @@ def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set):
             grp.te_refused = str(err)
             log.info("group %s left unfused: %s", grp.names, err)
             continue
-        fused[members[0]] = (members, pf.with_attr(FUNC_ATTR, grp.attr()), inputs, outs, grp)
+        pf = pf.with_attr(FUNC_ATTR, grp.attr())
+        if members[0] in p.attention:  # the schedule rules write its online-softmax kernel from this
+            pf = pf.with_attr(match_attention.SPEC_ATTR, match_attention.spec(
+                p.attention[members[0]], inputs, [int(x) for x in outs[0].ty.shape.values]))
+        fused[members[0]] = (members, pf, inputs, outs, grp)
     if not fused:
         return block
     group_positions = {key: [q for i in m for q in g.by_idx[i].positions()] for key, (m, *_r) in fused.items()}
@@ -127,7 +134,7 @@ def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set):
         key = positions[0]
         if key in fused:
             members, pf, inputs, outs, grp = fused[key]
-            base = name = _group_name(g, members)
+            base = name = _group_name(g, members, members[0] in p.attention)
             k = 1
             while name in taken:  # fused_conv2d_add_relu, _2, _3, ... (never a _1_1_1 chain)
                 k += 1

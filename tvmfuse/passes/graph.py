@@ -112,6 +112,7 @@ class BlockGraph:
                 if v in outputs:
                     self.external_uses[n.idx].add(v)
         self.by_idx = {n.idx: n for n in self.nodes}
+        self.attention: list = []  # member sets of the attentions found (plan_fusion fills it)
 
     def out_bytes(self, idx):
         return tensor_bytes(self.by_idx[idx].var.ty)

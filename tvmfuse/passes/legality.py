@@ -81,9 +81,17 @@ RULES = [("opaque", _opaque), ("max_group_size", _size), ("anchor", _anchors),
          ("reduction_space", _reduction_space), ("multi_output", _multi_output)]
 
 
+# The flash-attention rule: an attention match (match_attention.py) as a whole is legal although it
+# holds two anchors and a reduction between them: its kernel keeps a running max and sum per query
+# row (online softmax), so no score ever needs the whole output of the first matmul. It still
+# takes no opaque op and respects the size limit. Any other reduction next to an anchor is refused.
+ATTENTION_RULES = [("opaque", _opaque), ("max_group_size", _size)]
+
+
 def check(g, members, knobs):
     """(rule, reason) of the first rule that refuses, or None when the merge is legal."""
-    for name, rule in RULES:
+    rules = ATTENTION_RULES if frozenset(members) in g.attention else RULES
+    for name, rule in rules:
         reason = rule(g, members, knobs)
         if reason:
             return name, reason

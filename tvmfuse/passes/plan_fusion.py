@@ -13,7 +13,7 @@ from tvm import relax
 
 from .. import config
 from ..plan import Refusal
-from . import legality, profitability
+from . import legality, match_attention, profitability
 from .graph import BlockGraph
 
 log = logging.getLogger("tvmfuse.fusion")
@@ -28,6 +28,7 @@ class BlockPlan:
     groups: list  # sorted lists of node idx, ordered by first member
     refused: list = field(default_factory=list)  # [Refusal]
     merges: dict = field(default_factory=dict)  # first member of a group -> ["edge"/"sibling", ...]
+    attention: dict = field(default_factory=dict)  # first member -> match_attention.AttentionMatch
 
 
 def _creates_cycle(g, group_of, ga, gb, members):
@@ -84,9 +85,12 @@ def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
     group_of = {n.idx: n.idx for n in g.nodes}
     members = {n.idx: {n.idx} for n in g.nodes}
     how = {n.idx: [] for n in g.nodes}  # group -> merge kinds, in order
+    sealed = _seed_attention(g, group_of, members, how, knobs)
     while True:
         scored = []
         for (x, y), shared in _candidates(g, group_of, members, knobs):
+            if x in sealed or y in sealed:
+                continue
             s, _ = profitability.score(g, members[x], members[y], knobs, shared)
             if s is not None:
                 scored.append((s, x, y, "sibling" if shared else "edge"))
@@ -103,15 +107,39 @@ def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
         if not merged:
             break
     p = BlockPlan(g, [sorted(m) for m in sorted(members.values(), key=min)],
-                  merges={min(members[x]): how[x] for x in members})
-    _record_refusals(p, group_of, members, knobs, block_index)
+                  merges={min(members[x]): how[x] for x in members},
+                  attention={min(members[x]): m for x, m in sealed.items()})
+    _record_refusals(p, group_of, members, knobs, block_index, sealed)
     return p
 
 
-def _record_refusals(p, group_of, members, knobs, block_index):
+def _seed_attention(g, group_of, members, how, knobs) -> dict:
+    """Each attention (match_attention.find) starts as one group, sealed: legal as a whole under
+    legality's flash-attention rule, and merged with nothing else. -> {group id: match}."""
+    if not knobs.get("attention", True):
+        return {}
+    matches, _misses = match_attention.find(g)
+    g.attention = [frozenset(m.members) for m in matches]
+    sealed = {}
+    for m in matches:
+        if legality.check(g, m.members, knobs):  # e.g. more ops than max_group_size
+            continue
+        x = min(m.members)
+        for i in m.members - {x}:
+            members[x] |= members.pop(i)
+            how.pop(i)
+        for i in m.members:
+            group_of[i] = x
+        how[x] = ["attention"]
+        sealed[x] = m
+    return sealed
+
+
+def _record_refusals(p, group_of, members, knobs, block_index, sealed=()):
     g = p.graph
     for (x, y), shared in _candidates(g, group_of, members, knobs):
-        res = legality.check(g, members[x] | members[y], knobs)
+        res = ("attention", "a flash-attention group takes no other ops") if x in sealed or y in sealed \
+            else legality.check(g, members[x] | members[y], knobs)
         if res is None and _creates_cycle(g, group_of, x, y, members):
             res = ("cycle", "merging would create a cycle through another group")
         if res is None:

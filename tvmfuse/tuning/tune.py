@@ -84,10 +84,18 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
     _check_device(target, rpc)
     s = _Session(target, target_dir(logs, target), rpc, evaluator_config, num_trials_per_iter, seed,
                  population_size)
+    try:
+        return _tune(s, mod, target, fusion, knobs, trials, time_budget, t_start, resume, name, progress, recheck)
+    finally:
+        s.build_pool.close()
+
+
+def _tune(s, mod, target, fusion, knobs, trials, time_budget, t_start, resume, name, progress, recheck):
     tasks = tasks_mod.extract(tasks_mod.fused_module(mod, target, fusion, knobs))
     result = TuneResult(s.folder)
     if not tasks:
         return result
+    s.start_workers()
     shares = s.shares(tasks)
     deadline = t_start + time_budget if time_budget else None
     bar = _bar(len(tasks), name or fusion, progress)
@@ -113,12 +121,30 @@ class _Session:
         self.target, self.folder, self.per_iter, self.seed = target, folder, per_iter, seed
         self.population_size = population_size
         self.db = DurableDatabase(folder)
-        self.builder = rpc_mod.builder()
-        self.exact_builder = rpc_mod.builder(exact=True)
-        self.runner = rpc_mod.runner(evaluator_config or rpc_mod.evaluator(), rpc)
+        # one set of build workers for the whole call (every round, both builders): LocalBuilder's
+        # fresh pool per round costs a worker start-up (import tvm, ~6 s CPU each) per round
+        self.build_pool = rpc_mod.BuildPool()
+        self.builder = rpc_mod.builder(pool=self.build_pool)
+        self.exact_builder = rpc_mod.builder(exact=True, pool=self.build_pool)
+        self._runner_args = (evaluator_config or rpc_mod.evaluator(), rpc)
+        self._runner = None
         self.state = decisions.load(folder)
         self.unsaved: set[str] = set()
         self.undecided: set[str] = set()  # finished by a run killed before it decided
+
+    @property
+    def runner(self):
+        """Created on first use: its constructor starts a worker and waits for it (~6 s), which
+        `start_workers` lets overlap with the build workers' start-up."""
+        if self._runner is None:
+            self._runner = rpc_mod.runner(*self._runner_args)
+        return self._runner
+
+    def start_workers(self) -> None:
+        """Start the build workers in the background, then the runner's worker: the three start-ups
+        (each an `import tvm`) run side by side instead of one after the other."""
+        self.build_pool.start()
+        self.runner  # noqa: B018 - creates it
 
     def shares(self, tasks) -> list[float]:
         """Share of the budget per task: call sites x the default's latency, measured once and stored
@@ -181,7 +207,7 @@ class _Session:
                              rand_state=-1 if self.seed is None else self.seed, num_threads=cores)
         ms.tune_tasks(tasks=[ctx], task_weights=[1.0], work_dir=self.folder, max_trials_global=n_trials,
                       max_trials_per_task=n_trials, num_trials_per_iter=max(1, min(self.per_iter, n_trials)),
-                      builder=self.builder, runner=self.runner, database=self.db, cost_model="xgb",
+                      builder=self.builder, runner=self.runner, database=self.db, cost_model=_cost_model(),
                       measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [cb],
                       task_scheduler="round-robin")
 
@@ -202,6 +228,17 @@ class _Session:
             d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s * (1 - MARGIN))
             res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
             decisions.save(self.folder, d)
+
+
+def _cost_model():
+    """MetaSchedule's XGBoost cost model ("xgb"), trained on one thread. tune_tasks would give it
+    num_threads OpenMP threads, and on a busy machine (a shared 2-core box, builders and runners of
+    other tuners) every boosting round then waits for a descheduled thread: 40-170 ms a round
+    instead of 0.3 ms, several seconds per tuning round for a model of a few hundred rows (it is
+    retrained from scratch on every update, at most ~60 rounds each with early stopping)."""
+    from tvm.s_tir.meta_schedule.cost_model.xgb_model import XGBConfig
+
+    return ms.cost_model.XGBModel(config=XGBConfig(nthread=1), tree_method="auto")
 
 
 _INTRIN_PKG = "tvm.s_tir.tensor_intrin"

@@ -1,0 +1,278 @@
+"""Recognize attention in one dataflow block: O = softmax(Q·Kᵀ (·scale) (+mask) , axis=-1)·V.
+
+Contract: `find(g)` takes a BlockGraph (graph.py) and returns (matches, misses). A match is the set
+of nodes that together compute one attention, whatever its spelling:
+  - the score matmul as a 4-D batch matmul (the zoo, ONNX) or a 3-D one between reshapes and
+    identity broadcast_to's (torch.export of transformers' eager attention);
+  - Kᵀ as permute_dims of K (absorbed, so the kernel reads K row by row) or any [.., D, Sk] tensor;
+  - then, in any order, a scale (multiply or divide by a scalar), an additive mask (any tensor
+    that broadcasts to the scores) or a `where(cond, scores, fill)` with a scalar fill;
+  - softmax over the last axis;
+  - the matmul with V (P possibly reshaped/broadcast first), and reshapes of its result.
+Every value inside the match is used only inside it (the score matrix is never written); shapes
+are static and float32. Anything else is not a match: near misses come back in `misses` with
+their reason and are logged on `tvmfuse.fusion`; their ops stay on the ordinary fusion path.
+
+A match becomes one group (legality.py lets it hold two anchors and a reduction: the flash
+attention rule); FuseGroupsTE lowers it through the ops' own TE (the reference semantics) and
+stamps `tvmfuse.attention` with `spec(...)`, from which the schedule rules write one kernel with an
+online softmax (schedules/cpu_attention.py, schedules/cuda_attention.py).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from ..relax_utils import static_shape
+
+log = logging.getLogger("tvmfuse.fusion")
+
+SPEC_ATTR = "tvmfuse.attention"
+
+
+@dataclass
+class AttentionMatch:
+    members: set  # node idx
+    q: relax.Expr  # [.., Sq, D]
+    k: relax.Expr  # [.., Sk, D], or [.., D, Sk] when k_transposed
+    v: relax.Expr  # [.., Sk, Dv]
+    out: relax.Var  # [.., Sq, Dv]
+    k_transposed: bool
+    steps: list = field(default_factory=list)  # score ops in order: (kind, *exprs); kind in mul/div/add/where
+    score_shape: tuple = ()  # the scores' shape where the steps apply (masks broadcast against it)
+    heads: dict = field(default_factory=dict)  # "q"/"k"/"v"/"out" -> H where that tensor is [B, S, H*D]
+
+
+def _const_scalar(expr):
+    """A float from a scalar constant, else None."""
+    if isinstance(expr, tvm.ir.expr.Constant):
+        a = expr.value.numpy()
+        if a.size == 1:
+            return float(a.reshape(()))
+    return None
+
+
+def _is_scalar(expr) -> bool:
+    shape = static_shape(expr.ty) if isinstance(expr.ty, relax.TensorType) else None
+    return shape is not None and math.prod(shape) == 1
+
+
+class _Walk:
+    def __init__(self, g):
+        self.g = g
+
+    def node(self, expr):
+        return self.g.node_of_var.get(expr) if isinstance(expr, relax.Var) else None
+
+    def private(self, n) -> bool:
+        """n's value is read by exactly one op and is no output of the block."""
+        return len(self.g.users[n.idx]) == 1 and not self.g.external_uses[n.idx] and not n.aliases
+
+    def heads_split(self, expr, members, perm):
+        """`expr` = permute_dims(reshape(x, [B, S, H, D]), perm), both single-use, x [B, S, H*D]: the
+        head split of every transformer. Absorbs both; -> (x, H). Else (expr, None)."""
+        p = self.node(expr)
+        if p is None or p.op != "permute_dims" or not self.private(p) or p.shape is None or len(p.shape) != 4:
+            return expr, None
+        if p.call.attrs.axes is None or [int(a) for a in p.call.attrs.axes] != perm:
+            return expr, None
+        r = self.node(p.call.args[0])
+        if r is None or r.op != "reshape" or not self.private(r):
+            return expr, None
+        x = r.call.args[0]
+        xs, (b, s, h, d) = static_shape(x.ty), r.shape
+        if xs is None or tuple(xs) != (b, s, h * d):
+            return expr, None
+        members |= {p.idx, r.idx}
+        return x, h
+
+    def see_through(self, expr, members):
+        """Up through single-use reshapes and identity broadcast_to's (views in the torch spelling)."""
+        while True:
+            n = self.node(expr)
+            if n is None or not self.private(n) or n.op not in ("reshape", "broadcast_to"):
+                return expr
+            src = n.call.args[0]
+            if n.op == "broadcast_to" and static_shape(src.ty) != n.shape:
+                return expr  # a real broadcast (grouped-query heads): not a view
+            members.add(n.idx)
+            expr = src
+
+
+def _match(g, sm):
+    """(AttentionMatch, None) or (None, reason) for the softmax node `sm`."""
+    w = _Walk(g)
+    shape = sm.shape
+    if shape is None or len(shape) < 2:
+        return None, "softmax without a static shape of rank >= 2"
+    axis = int(sm.call.attrs.axis)
+    if axis % len(shape) != len(shape) - 1:
+        return None, f"softmax over axis {axis}, not the key axis (the last)"
+    if sm.var.ty.dtype != "float32":
+        return None, f"softmax in {sm.var.ty.dtype}: the attention kernel is float32"
+    members, steps = {sm.idx}, []
+    cur, score_shape = sm.call.args[0], shape
+    while True:  # back from the softmax to the score matmul
+        p = w.node(cur)
+        if p is None:
+            return None, "the softmax input is not computed in this block"
+        if not w.private(p):
+            return None, f"{p.name} ({p.op}) is also used outside the attention (the scores would be written)"
+        members.add(p.idx)
+        args = p.call.args
+        if p.op == "matmul":
+            score = p
+            break
+        if p.op == "reshape":
+            cur = args[0]
+        elif p.op in ("multiply", "divide") and _is_scalar(args[1]):
+            steps.append(("mul" if p.op == "multiply" else "div", args[1]))
+            cur = args[0]
+        elif p.op == "multiply" and _is_scalar(args[0]):
+            steps.append(("mul", args[0]))
+            cur = args[1]
+        elif p.op == "add" and not any(s[0] in ("add", "where") for s in steps):
+            on_left = static_shape(args[0].ty) == p.shape and w.node(args[0]) is not None
+            scores, mask = (args[0], args[1]) if on_left else (args[1], args[0])
+            if static_shape(scores.ty) != p.shape:
+                return None, f"{p.name} (add) broadcasts the scores"
+            steps.append(("add", mask))
+            score_shape = p.shape
+            cur = scores
+        elif p.op == "where" and not any(s[0] in ("add", "where") for s in steps) and _is_scalar(args[2]):
+            if static_shape(args[1].ty) != p.shape:
+                return None, f"{p.name} (where) broadcasts the scores"
+            steps.append(("where", args[0], args[2]))
+            score_shape = p.shape
+            cur = args[1]
+        else:
+            return None, f"{p.name} ({p.op}) between the score matmul and the softmax"
+    steps.reverse()  # in the order they apply to the scores
+    cur = sm
+    while True:  # forward from the softmax to the matmul with V
+        if not w.private(cur):
+            return None, f"{cur.name} ({cur.op}) is also used outside the attention (the probabilities would be written)"
+        u = g.by_idx[next(iter(g.users[cur.idx]))]
+        if u.op in ("reshape", "broadcast_to") and (u.op == "reshape" or static_shape(u.call.args[0].ty) == u.shape):
+            members.add(u.idx)
+            cur = u
+            continue
+        if u.op == "matmul" and u.call.args[0].same_as(cur.var):
+            pv = u
+            break
+        return None, f"the probabilities go to {u.name} ({u.op}), not to a matmul with V"
+    members.add(pv.idx)
+    out = pv
+    while w.private(out):  # reshapes of the result (torch's 3-D batch matmul back to 4-D)
+        u = g.by_idx[next(iter(g.users[out.idx]))]
+        if u.op != "reshape":
+            break
+        members.add(u.idx)
+        out = u
+    heads = {}
+    q = w.see_through(score.call.args[0], members)
+    q, heads["q"] = w.heads_split(q, members, [0, 2, 1, 3])
+    kt = w.see_through(score.call.args[1], members)
+    v = w.see_through(pv.call.args[1], members)
+    v, heads["v"] = w.heads_split(v, members, [0, 2, 1, 3])
+    k, heads["k"] = w.heads_split(kt, members, [0, 2, 3, 1])  # ONNX: one transpose to Kᵀ
+    k_transposed = heads["k"] is None
+    kn = w.node(kt)
+    if k_transposed and kn is not None and kn.op == "permute_dims" and w.private(kn):
+        rank = len(kn.shape)
+        axes = [int(a) for a in kn.call.attrs.axes] if kn.call.attrs.axes is not None else None
+        if axes == list(range(rank - 2)) + [rank - 1, rank - 2]:
+            members.add(kn.idx)
+            k, k_transposed = w.see_through(kn.call.args[0], members), False
+            k, heads["k"] = w.heads_split(k, members, [0, 2, 1, 3])
+    heads["out"] = None
+    if w.private(out) and out.shape is not None and len(out.shape) == 4:  # merge the heads back
+        p = g.by_idx[next(iter(g.users[out.idx]))]
+        if p.op == "permute_dims" and p.call.attrs.axes is not None and \
+                [int(a) for a in p.call.attrs.axes] == [0, 2, 1, 3] and w.private(p):
+            r = g.by_idx[next(iter(g.users[p.idx]))]
+            b, h, s, d = out.shape
+            if r.op == "reshape" and tuple(r.shape or ()) == (b, s, h * d):
+                members |= {p.idx, r.idx}
+                out, heads["out"] = r, h
+    heads = {k_: h for k_, h in heads.items() if h is not None}
+    m = AttentionMatch(members, q, k, v, out.var, k_transposed, steps, tuple(score_shape), heads)
+    why = _check_shapes(m)
+    return (None, why) if why else (m, None)
+
+
+def _check_shapes(m: AttentionMatch):
+    shapes = {name: static_shape(e.ty) if isinstance(e.ty, relax.TensorType) else None
+              for name, e in (("Q", m.q), ("K", m.k), ("V", m.v), ("O", m.out))}
+    for name, s in shapes.items():
+        if s is None or not 2 <= len(s) <= 4:
+            return f"{name} has no static shape of rank 2 to 4"
+    for name, e in (("Q", m.q), ("K", m.k), ("V", m.v)):
+        if e.ty.dtype != "float32":
+            return f"{name} is {e.ty.dtype}: the attention kernel is float32"
+    for name, key in (("Q", "q"), ("K", "k"), ("V", "v"), ("O", "out")):
+        if key in m.heads:  # [B, S, H*D] -> the [B, H, S, D] it stands for
+            b, s, e = shapes[name]
+            h = m.heads[key]
+            shapes[name] = (b, h, e // h, s) if key == "k" and m.k_transposed else (b, h, s, e // h)
+    (Q, K, V, O) = (shapes[n] for n in "QKVO")
+    sq, d = Q[-2:]
+    sk, dk = (K[-1], K[-2]) if m.k_transposed else (K[-2], K[-1])
+    if dk != d or V[-2] != sk or tuple(O[-2:]) != (sq, V[-1]):
+        return f"shapes do not chain: Q {list(Q)}, K {list(K)}, V {list(V)}, O {list(O)}"
+    heads = {n: math.prod(s[:-2]) for n, s in shapes.items()}
+    if len(set(heads.values())) != 1:
+        return f"batch x heads differ: {heads} (broadcast heads are not fused yet)"
+    if tuple(m.score_shape[-2:]) != (sq, sk) or math.prod(m.score_shape[:-2]) != heads["Q"]:
+        return f"the masked scores {list(m.score_shape)} are not [.., {sq}, {sk}]"
+    for step in m.steps:
+        for e in step[1:]:
+            s = static_shape(e.ty) if isinstance(e.ty, relax.TensorType) else None
+            if s is None or len(s) > len(m.score_shape) or any(
+                    a not in (1, b) for a, b in zip(s[::-1], m.score_shape[::-1])):
+                return f"a {step[0]} operand of shape {s} does not broadcast to the scores {list(m.score_shape)}"
+    return None
+
+
+def find(g):
+    """(matches, misses): the attentions of the block, and why each other softmax is not one."""
+    matches, misses, used = [], [], set()
+    for n in g.nodes:
+        if n.op != "nn.softmax":
+            continue
+        m, why = _match(g, n)
+        if m is not None and m.members & used:
+            m, why = None, "overlaps another attention"
+        if m is None:
+            misses.append((n.name, why))
+            log.info("softmax %s is not fused as attention: %s", n.name, why)
+            continue
+        used |= m.members
+        matches.append(m)
+    return matches, misses
+
+
+def spec(m: AttentionMatch, sources: list, out_shape) -> str:
+    """The `tvmfuse.attention` attribute of the group's PrimFunc: which parameter is which (by
+    position; `sources` are the Relax exprs of its inputs, in order) and the score steps."""
+    def ref(expr):
+        value = _const_scalar(expr)
+        for i, s in enumerate(sources):
+            if s.same_as(expr):
+                return {"param": i, "value": value}
+        if value is not None:  # a scalar constant TE folded into the compute: no parameter
+            return {"param": None, "value": value}
+        raise ValueError(f"attention operand {expr} is no input of the group")
+
+    shape = lambda e: list(static_shape(e.ty))
+    return json.dumps({
+        "q": ref(m.q)["param"], "k": ref(m.k)["param"], "v": ref(m.v)["param"],
+        "q_shape": shape(m.q), "k_shape": shape(m.k), "v_shape": shape(m.v), "out_shape": list(out_shape),
+        "k_transposed": m.k_transposed, "score_shape": list(m.score_shape), "heads": m.heads,
+        "steps": [[kind] + [dict(ref(e), shape=shape(e)) for e in exprs] for kind, *exprs in m.steps],
+    })
