@@ -2,9 +2,10 @@
 
 Takes a PrimFunc carrying `tvmfuse.attention` (passes/match_attention.py) and writes its kernel
 from the spec, declining (None) for anything else:
-  - parallel over (batch x head, block of `attn_rows` query rows);
-  - for each block of `attn_keys` keys: Kᵀ block copied once into a [D, keys] tile, scores
-    Q_rows · Kᵀ_tile accumulated in registers (rows unrolled, keys vectorized), the score steps
+  - parallel over (batch x head, block of `attn_row_groups` x `attn_rows` query rows);
+  - for each block of `attn_key_vectors` vectors of keys: Kᵀ block copied once into a [D, keys]
+    tile (shared by the block's rows), scores of `attn_rows` rows at a time accumulated in
+    registers (rows unrolled, keys vectorized), the score steps
     (scale, mask, where) applied, then the online softmax: a running max and sum per query row,
     the accumulator rescaled by exp(m_old - m_new) (vectorized exp, lower_math);
   - P · V accumulated over Dv in chunks of `attn_out_vectors` vector registers per row;
@@ -24,61 +25,78 @@ from .rule import ScheduleRule
 from .targets import CPU
 
 
-def kernel_source(spec, rows: int, keys: int, out_chunk: int) -> str:
+def kernel_source(spec, row_vector: int, row_groups: int, keys: int, key_unroll: int, pv_rows: int,
+                  out_chunk: int) -> str:
+    """TVMScript of the kernel. Scores are kept keys-major, st[key, row], so the rows are the vector
+    lanes: QK accumulates `key_unroll` keys x `row_vector` rows in registers from a Qᵀ tile made once
+    per task (no per-block transpose of K: each K row is read as broadcast scalars), and the running
+    max, the exp and the running sum of the online softmax are vertical vector operations."""
     sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
-    nq, nk = -(-sq // rows), -(-sk // keys)
+    row_groups = max(1, min(row_groups, -(-sq // row_vector)))  # short queries (decode): one group
+    block = row_vector * row_groups
+    keys = max(key_unroll, keys // key_unroll * key_unroll)
+    nq, nk = -(-sq // block), -(-sk // keys)
     chunk = next((c for c in (out_chunk, out_chunk // 2, 8, 4, 1) if c and dv % c == 0), 1)
-    bh, q0 = f"t // {nq}", f"t % {nq} * {rows}"
-    qrow, key = f"T.min({q0} + i, {sq - 1})", f"T.min(jb * {keys} + j, {sk - 1})"
-    score = steps(spec, "s[i, j]", bh, qrow, key)
+    pv_rows = pv_rows if block % pv_rows == 0 else 1
+    bh, q0 = f"t // {nq}", f"t % {nq} * {block}"
+    key = f"T.min(jb * {keys} + j, {sk - 1})"
+    kk = f"T.min(jb * {keys} + jg * {key_unroll} + jj, {sk - 1})"
+    score = steps(spec, "st[j, i]", bh, f"T.min({q0} + i, {sq - 1})", key)
     return f'''
 @T.prim_func
 def main({signature(spec)}):
     T.func_attr({{"global_symbol": "main", "tirx.noalias": True}})
     for t in T.parallel({spec.bh * nq}):
-        m = T.decl_buffer(({rows},), "float32", scope="local")
-        l = T.decl_buffer(({rows},), "float32", scope="local")
-        r = T.decl_buffer((3,), "float32", scope="local")
-        acc = T.decl_buffer(({rows}, {dv}), "float32", scope="local")
-        s = T.decl_buffer(({rows}, {keys}), "float32", scope="local")
-        kt = T.decl_buffer(({d}, {keys}), "float32", scope="local")
-        for i in range({rows}):
+        m = T.decl_buffer(({block},), "float32", scope="local")
+        l = T.decl_buffer(({block},), "float32", scope="local")
+        mn = T.decl_buffer(({block},), "float32", scope="local")
+        cr = T.decl_buffer(({block},), "float32", scope="local")
+        acc = T.decl_buffer(({block}, {dv}), "float32", scope="local")
+        st = T.decl_buffer(({keys}, {block}), "float32", scope="local")
+        qt = T.decl_buffer(({d}, {block}), "float32", scope="local")
+        for i, c in T.grid({block}, {d}):
+            qt[c, i] = {index(spec, "q", bh, f"T.min({q0} + i, {sq - 1})", "c")}
+        for i in T.vectorized({block}):
             m[i] = {NEG}
             l[i] = T.float32(0)
-            for e in T.vectorized({dv}):
-                acc[i, e] = T.float32(0)
+        for i, e in T.grid({block}, {dv}):
+            acc[i, e] = T.float32(0)
         for jb in range({nk}):
-            for j, c in T.grid({keys}, {d}):
-                kt[c, j] = {index(spec, "k", bh, key, "c")}
-            for i in range({rows}):
-                for j in T.vectorized({keys}):
-                    s[i, j] = T.float32(0)
-            for c in range({d}):
-                for i in T.unroll({rows}):
-                    for j in T.vectorized({keys}):
-                        s[i, j] = s[i, j] + {index(spec, "q", bh, qrow, "c")} * kt[c, j]
-            for i in range({rows}):
-                for j in T.vectorized({keys}):
-                    s[i, j] = T.if_then_else(jb * {keys} + j < {sk}, {score}, {NEG})
-                r[0] = m[i]
-                for j in range({keys}):
-                    r[0] = T.max(r[0], s[i, j])
-                r[1] = T.exp(m[i] - r[0])
-                for j in T.vectorized({keys}):
-                    s[i, j] = T.if_then_else(jb * {keys} + j < {sk}, T.exp(s[i, j] - r[0]), T.float32(0))
-                r[2] = T.float32(0)
-                for j in range({keys}):
-                    r[2] = r[2] + s[i, j]
-                l[i] = l[i] * r[1] + r[2]
-                m[i] = r[0]
+            for g in range({row_groups}):
+                for jg in range({keys // key_unroll}):
+                    for jj in T.unroll({key_unroll}):
+                        for i in T.vectorized({row_vector}):
+                            st[jg * {key_unroll} + jj, g * {row_vector} + i] = T.float32(0)
+                    for c in range({d}):
+                        for jj in T.unroll({key_unroll}):
+                            for i in T.vectorized({row_vector}):
+                                st[jg * {key_unroll} + jj, g * {row_vector} + i] = st[jg * {key_unroll} + jj, g * {row_vector} + i] + {index(spec, "k", bh, kk, "c")} * qt[c, g * {row_vector} + i]
+            for j in range({keys}):
+                for i in T.vectorized({block}):
+                    st[j, i] = T.if_then_else(jb * {keys} + j < {sk}, {score}, {NEG})
+            for i in T.vectorized({block}):
+                mn[i] = m[i]
+            for j in range({keys}):
+                for i in T.vectorized({block}):
+                    mn[i] = T.max(mn[i], st[j, i])
+            for i in T.vectorized({block}):
+                cr[i] = T.exp(m[i] - mn[i])
+                m[i] = mn[i]
+                l[i] = l[i] * cr[i]
+            for j in range({keys}):
+                for i in T.vectorized({block}):
+                    st[j, i] = T.if_then_else(jb * {keys} + j < {sk}, T.exp(st[j, i] - mn[i]), T.float32(0))
+                    l[i] = l[i] + st[j, i]
+            for i in range({block}):
                 for e in T.vectorized({dv}):
-                    acc[i, e] = acc[i, e] * r[1]
-            for eo in range({dv // chunk}):
-                for j in range({keys}):
-                    for i in T.unroll({rows}):
-                        for ei in T.vectorized({chunk}):
-                            acc[i, eo * {chunk} + ei] = acc[i, eo * {chunk} + ei] + s[i, j] * {index(spec, "v", bh, key, f"eo * {chunk} + ei")}
-        for i in range({rows}):
+                    acc[i, e] = acc[i, e] * cr[i]
+            for g in range({block // pv_rows}):
+                for eo in range({dv // chunk}):
+                    for j in range({keys}):
+                        for i in T.unroll({pv_rows}):
+                            for ei in T.vectorized({chunk}):
+                                acc[g * {pv_rows} + i, eo * {chunk} + ei] = acc[g * {pv_rows} + i, eo * {chunk} + ei] + st[j, g * {pv_rows} + i] * {index(spec, "v", bh, key, f"eo * {chunk} + ei")}
+        for i in range({block}):
             if {q0} + i < {sq}:
                 for e in T.vectorized({dv}):
                     {index(spec, "out", bh, f"{q0} + i", "e")} = acc[i, e] / l[i]
@@ -93,7 +111,7 @@ class Attention(ScheduleRule):
         if spec is None:
             return None
         lanes = CPU["vector_bytes"] // 4
-        src = kernel_source(spec, CPU["attn_rows"], CPU["attn_key_vectors"] * lanes,
-                            CPU["attn_out_vectors"] * lanes)
+        src = kernel_source(spec, CPU["attn_row_vectors"] * lanes, CPU["attn_row_groups"], CPU["attn_keys"],
+                            CPU["attn_key_unroll"], CPU["attn_pv_rows"], CPU["attn_out_vectors"] * lanes)
         out = tvm.script.from_source(src)
         return out.with_attr("tvmfuse.flops", spec.flops()).with_attr("tvmfuse.attention", func.attrs["tvmfuse.attention"])

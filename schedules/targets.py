@@ -27,8 +27,10 @@ _COMMON = {
     "conv_rows": 2,  # ... x output rows ...
     "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
     "conv_oc_vectors": 2,  # channel-vector conv tile: vector registers of output channels ...
-    "attn_key_vectors": 2,  # flash attention: keys per block, in vector registers of scores per row
-    "attn_out_vectors": 2,  # ... and the P·V accumulator chunk per query row, in vector registers
+    "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
+    "attn_row_groups": 2,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys)
+    "attn_keys": 32,  # ... keys per online-softmax step (one rescale of the accumulator each)
+    "attn_out_vectors": 2,  # ... P·V: accumulator chunk per query row, in vector registers
     # stages calling these are not inlined into several consumers (recompute costs more than a re-read)
     "costly_intrinsics": ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt"),
 }
@@ -72,9 +74,10 @@ def _cpu_table(mcpu: str, mattr: tuple) -> dict:
         # weight vectors and the input broadcast, fit the registers (AVX2 2 x 6, AVX-512 2 x 14;
         # measured on AVX2 over ResNet-50's convs: 57 GFLOP/s with 1 x 14, 84 with 2 x 6)
         conv_columns=(regs - _COMMON["conv_oc_vectors"] - 1) // _COMMON["conv_oc_vectors"],
-        # flash attention (cpu_attention.py): query rows x attn_key_vectors score accumulators in
-        # registers, like the matmul micro-kernel's MR
-        attn_rows=8 if regs >= 32 else 4,
+        # flash attention: attn_key_unroll keys x attn_row_vectors score accumulators in registers
+        # for QK, attn_pv_rows rows x attn_out_vectors accumulators for P·V (like the matmul's MR)
+        attn_key_unroll=8 if regs >= 32 else 4,
+        attn_pv_rows=8 if regs >= 32 else 4,
     )
     table.update(_OVERRIDES)
     return table

@@ -285,27 +285,56 @@ def mlp_block(size):
 @register
 def attention(size):
     b, s, h, dh = _pick(size, (1, 16, 2, 8), (1, 128, 8, 64))
+    return attention_workload(b, s, h, dh)
+
+
+def attention_workload(b, s, h, dh, mask: str | None = None, name: str = "attention") -> Workload:
+    """Multi-head attention on [b, s, h*dh] inputs, as transformers write it: split heads, scores
+    scaled, softmax, times V, heads merged. `mask`: None; "causal" (where(tril, scores, -1e9), the
+    GPT-2 spelling, a constant condition); "additive" (a [b, 1, 1, s] input added to the scores,
+    the BERT spelling: 0 where attended, -1e4 for padding)."""
     dm = h * dh
     specs = [("q", (b, s, dm), "float32"), ("k", (b, s, dm), "float32"), ("v", (b, s, dm), "float32")]
+    if mask == "additive":
+        specs.append(("mask", (b, 1, 1, s), "float32"))
+    tril = np.tril(np.ones((s, s), dtype=bool)).reshape(1, 1, s, s)
 
     def heads(bb, t):
         return bb.emit(R.permute_dims(bb.emit(R.reshape(t, (b, s, h, dh))), [0, 2, 1, 3]))
 
-    def body(bb, q, k, v):
+    def body(bb, q, k, v, *m):
         qh, kh, vh = heads(bb, q), heads(bb, k), heads(bb, v)
         kt = bb.emit(R.permute_dims(kh, [0, 1, 3, 2]))
         sc = bb.emit(R.multiply(bb.emit(R.matmul(qh, kt)), relax.const(1.0 / math.sqrt(dh), "float32")))
+        if mask == "causal":
+            sc = bb.emit(R.where(relax.const(tril), sc, relax.const(-1e9, "float32")))
+        elif mask == "additive":
+            sc = bb.emit(R.add(sc, m[0]))
         p = bb.emit(R.nn.softmax(sc, axis=-1))
         o = bb.emit(R.matmul(p, vh))
         return bb.emit(R.reshape(bb.emit(R.permute_dims(o, [0, 2, 1, 3])), (b, s, dm)))
 
-    def ref(q, k, v):
+    def ref(q, k, v, *m):
         th = lambda t: t.reshape(b, s, h, dh).transpose(0, 2, 1, 3)
-        p = _np_softmax(th(q) @ th(k).transpose(0, 1, 3, 2) / math.sqrt(dh))
-        return (p @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
+        sc = th(q) @ th(k).transpose(0, 1, 3, 2) * np.float32(1.0 / math.sqrt(dh))
+        if mask == "causal":
+            sc = np.where(tril, sc, np.float32(-1e9))
+        elif mask == "additive":
+            sc = sc + m[0]
+        return (_np_softmax(sc) @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
 
-    return _wl("attention", size, specs, body, ref, rtol=1e-3, atol=1e-4, meta={"heads": h},
-               flops=2 * b * s * s * dm * 2)
+    w = _wl(name, f"{b}x{s}x{h}x{dh}", specs, body, ref, rtol=1e-3, atol=1e-4, meta={"heads": h},
+            flops=2 * b * s * s * dm * 2)
+    if mask == "additive":  # the padding mask: the last quarter of the keys masked out
+        base = w.inputs
+
+        def inputs():
+            arrays = base()
+            arrays[-1] = np.where(np.arange(s) < max(1, s - s // 4), 0.0, -1e4).astype("float32").reshape(b, 1, 1, s)
+            return arrays
+
+        w.inputs = inputs
+    return w
 
 
 @register
