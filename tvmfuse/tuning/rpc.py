@@ -82,7 +82,9 @@ class BuildPool:
         return self._pool
 
     def start(self) -> None:
-        """Start every worker now, in the background (each loads what a build needs)."""
+        """Start every worker now, in the background (each loads what a build needs); no-op once started."""
+        if self._pool is not None:
+            return
         pool = self._executor()
         for _ in range(self.max_workers):  # no idle thread yet: each submit gets its own worker
             pool.submit(_warm_build_worker)

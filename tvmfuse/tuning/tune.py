@@ -12,9 +12,13 @@ Contract
 - Never slower: after a task is tuned, the best record and the default schedule are measured
   together with the tuning runner; the record is applied at build only if it wins (`tasks.json`).
 - CUDA without a reachable GPU and without `rpc` fails fast (DeviceUnavailableError).
+- Start-up: the build and runner worker processes start side by side and are kept for the next
+  tune() call in the process (`release_workers()` ends them); an llvm target registers only the CPU
+  tensor intrinsics (`register_tensor_intrins`), not the ~44 s import of all of them.
 """
 from __future__ import annotations
 
+import atexit
 import hashlib
 import importlib
 import importlib.util
@@ -84,13 +88,6 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
     _check_device(target, rpc)
     s = _Session(target, target_dir(logs, target), rpc, evaluator_config, num_trials_per_iter, seed,
                  population_size)
-    try:
-        return _tune(s, mod, target, fusion, knobs, trials, time_budget, t_start, resume, name, progress, recheck)
-    finally:
-        s.build_pool.close()
-
-
-def _tune(s, mod, target, fusion, knobs, trials, time_budget, t_start, resume, name, progress, recheck):
     tasks = tasks_mod.extract(tasks_mod.fused_module(mod, target, fusion, knobs))
     result = TuneResult(s.folder)
     if not tasks:
@@ -121,12 +118,13 @@ class _Session:
         self.target, self.folder, self.per_iter, self.seed = target, folder, per_iter, seed
         self.population_size = population_size
         self.db = DurableDatabase(folder)
-        # one set of build workers for the whole call (every round, both builders): LocalBuilder's
-        # fresh pool per round costs a worker start-up (import tvm, ~6 s CPU each) per round
-        self.build_pool = rpc_mod.BuildPool()
+        # one set of build workers for every round and both builders (LocalBuilder starts a fresh pool
+        # per round: a worker start-up, i.e. an `import tvm` of ~6 s CPU, per round), kept for the
+        # next tune() call in this process like the runner (see _shared_build_pool)
+        self.build_pool = _shared_build_pool()
         self.builder = rpc_mod.builder(pool=self.build_pool)
         self.exact_builder = rpc_mod.builder(exact=True, pool=self.build_pool)
-        self._runner_args = (evaluator_config or rpc_mod.evaluator(), rpc)
+        self._runner_key = (evaluator_config or rpc_mod.evaluator(), rpc)
         self._runner = None
         self.state = decisions.load(folder)
         self.unsaved: set[str] = set()
@@ -137,7 +135,7 @@ class _Session:
         """Created on first use: its constructor starts a worker and waits for it (~6 s), which
         `start_workers` lets overlap with the build workers' start-up."""
         if self._runner is None:
-            self._runner = rpc_mod.runner(*self._runner_args)
+            self._runner = _shared_runner(self._runner_key)
         return self._runner
 
     def start_workers(self) -> None:
@@ -228,6 +226,48 @@ class _Session:
             d.use_tuned = tuned_s is not None and (default_s is None or tuned_s < default_s * (1 - MARGIN))
             res.default_ms, res.tuned_ms, res.use_tuned = d.default_ms, d.tuned_ms, d.use_tuned
             decisions.save(self.folder, d)
+
+
+# Worker processes outlive a tune() call, so the next call in this process (the CLI tunes every
+# workload x fusion variant in turn) reuses them instead of starting three again (~6 s CPU each).
+# The build pool recycles a worker after BuildPool.max_uses builds; the runner is the one of the
+# latest (evaluator config, rpc) pair. release_workers() ends them; so does the end of the process.
+_BUILD_POOL = None
+_RUNNER = None  # (key, runner)
+
+
+def _shared_build_pool():
+    global _BUILD_POOL
+    if _BUILD_POOL is None:
+        _BUILD_POOL = rpc_mod.BuildPool()
+    return _BUILD_POOL
+
+
+def _shared_runner(key):
+    global _RUNNER
+    if _RUNNER is None or _RUNNER[0] != key:
+        _release_runner()
+        _RUNNER = (key, rpc_mod.runner(*key))
+    return _RUNNER[1]
+
+
+def _release_runner():
+    global _RUNNER
+    if _RUNNER is not None:
+        _RUNNER[1].pool.shutdown()
+        _RUNNER = None
+
+
+def release_workers() -> None:
+    """End the build and runner worker processes tune() keeps for its next call."""
+    global _BUILD_POOL
+    if _BUILD_POOL is not None:
+        _BUILD_POOL.close()
+        _BUILD_POOL = None
+    _release_runner()
+
+
+atexit.register(release_workers)
 
 
 def _cost_model():
