@@ -1,6 +1,7 @@
 """Default CUDA schedules: tvmfuse's row-reduction rule, then TVM's dlight GPU rules, Fallback last.
 
-Rules, in the order of the CUDA table, each able to decline:
+Rules, each able to decline: cuda.Attention (cuda_attention.py) for fused attention groups, then,
+in the order of the CUDA table:
   dlight Matmul, GEMV  - tiled through shared memory / vectorized GEMV
   RowReduction         - a row chain (see row_chain.py) becomes ONE kernel: a thread block per row,
                          its reductions cross-thread (warp shuffles + shared memory), every stage
@@ -111,8 +112,10 @@ def _bind_inner(sch, block_rv, row, threads):
 
 
 def rules():
+    from .cuda_attention import Attention
+
     names = CUDA["rules"]
-    out = []
+    out = [Attention()]  # a fused attention group (tvmfuse.attention) first: it writes its own kernel
     for name in names:
         out.append(RowReduction() if name == "RowReduction" else DlightRule(getattr(dl.gpu, name)()))
     return out

@@ -157,4 +157,6 @@ CUDA = {
     "warp": 32,
     "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
     "full_reduction_threads": 1024,  # one thread block for a group of full (0-d) reductions
+    "attn_query_rows": 64,  # flash attention (cuda_attention.py): threads (query rows) per block ...
+    "attn_key_tile": 32,  # ... keys per shared-memory K/V tile
 }

@@ -85,6 +85,9 @@ class OpToTE:
             for src, ph in zip(self.sources, self.inputs):
                 if src.same_as(arg):
                     return ph
+            if isinstance(arg, tvm.ir.expr.Constant) and arg.ty.ndim == 0:  # a scalar: part of the compute
+                value = arg.value.numpy().item()
+                return te.compute((), lambda: tvm.tirx.const(value, arg.ty.dtype), name="scalar")
             ty = arg.ty
             if not isinstance(ty, relax.TensorType) or (ty.shape is None and ty.ndim != 0):
                 raise NotComposable(f"argument of type {ty} is not a tensor of known shape")

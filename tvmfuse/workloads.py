@@ -330,7 +330,8 @@ def attention_workload(b, s, h, dh, mask: str | None = None, name: str = "attent
 
         def inputs():
             arrays = base()
-            arrays[-1] = np.where(np.arange(s) < max(1, s - s // 4), 0.0, -1e4).astype("float32").reshape(b, 1, 1, s)
+            keep = np.where(np.arange(s) < max(1, s - s // 4), 0.0, -1e4).astype("float32")
+            arrays[-1] = np.broadcast_to(keep.reshape(1, 1, 1, s), (b, 1, 1, s)).copy()
             return arrays
 
         w.inputs = inputs

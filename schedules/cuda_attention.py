@@ -1,0 +1,89 @@
+"""cuda.Attention: a fused attention group as one flash-attention CUDA kernel.
+
+Takes a PrimFunc carrying `tvmfuse.attention` (passes/match_attention.py), declining otherwise:
+  - a thread block per (batch x head, block of `attn_query_rows` query rows), one thread per row;
+  - for each tile of `attn_key_tile` keys: the K and V tiles loaded into shared memory by the whole
+    block (coalesced along D), then each thread scores its row against the tile (its Q row in
+    registers), applies the score steps, and does the online softmax: the tile's max, the
+    accumulator rescaled by exp(m_old - m_new) once per tile, P·V accumulated from shared memory;
+  - the output divided by the row sum once. Ragged rows and keys are clamped on load, masked to
+    probability 0 and not written.
+Global traffic is O(N·d): Q, K, V and the mask read once per row block, O written once.
+"""
+from __future__ import annotations
+
+import tvm
+
+from .attention import NEG, index, read_spec, signature, steps
+from .rule import ScheduleRule
+from .targets import CUDA
+
+
+def kernel_source(spec, rows: int, keys: int) -> str:
+    sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
+    rows = min(rows, max(CUDA["warp"], -(-sq // CUDA["warp"]) * CUDA["warp"]))
+    nq, nk = -(-sq // rows), -(-sk // keys)
+    bh, row = f"bx // {nq}", f"T.min(bx % {nq} * {rows} + tx, {sq - 1})"
+    kload = -(-keys * d // rows)
+    vload = -(-keys * dv // rows)
+    key = f"T.min(jb * {keys} + j, {sk - 1})"
+    score = steps(spec, "sc[j]", bh, row, key)
+    return f'''
+@T.prim_func
+def main({signature(spec)}):
+    T.func_attr({{"global_symbol": "main", "tirx.noalias": True}})
+    bx = T.launch_thread("blockIdx.x", {spec.bh * nq})
+    tx = T.launch_thread("threadIdx.x", {rows})
+    ks = T.decl_buffer(({keys}, {d}), "float32", scope="shared")
+    vs = T.decl_buffer(({keys}, {dv}), "float32", scope="shared")
+    qr = T.decl_buffer(({d},), "float32", scope="local")
+    acc = T.decl_buffer(({dv},), "float32", scope="local")
+    sc = T.decl_buffer(({keys},), "float32", scope="local")
+    r = T.decl_buffer((4,), "float32", scope="local")
+    for c in T.unroll({d}):
+        qr[c] = {index(spec, "q", bh, row, "c")}
+    for e in T.unroll({dv}):
+        acc[e] = T.float32(0)
+    r[0] = {NEG}
+    r[1] = T.float32(0)
+    for jb in range({nk}):
+        for u in range({kload}):
+            if u * {rows} + tx < {keys * d}:
+                ks[(u * {rows} + tx) // {d}, (u * {rows} + tx) % {d}] = {index(spec, "k", bh, f"T.min(jb * {keys} + (u * {rows} + tx) // {d}, {sk - 1})", f"(u * {rows} + tx) % {d}")}
+        for u in range({vload}):
+            if u * {rows} + tx < {keys * dv}:
+                vs[(u * {rows} + tx) // {dv}, (u * {rows} + tx) % {dv}] = {index(spec, "v", bh, f"T.min(jb * {keys} + (u * {rows} + tx) // {dv}, {sk - 1})", f"(u * {rows} + tx) % {dv}")}
+        T.tvm_storage_sync("shared")
+        r[2] = r[0]
+        for j in T.unroll({keys}):
+            sc[j] = T.float32(0)
+            for c in T.unroll({d}):
+                sc[j] = sc[j] + qr[c] * ks[j, c]
+            sc[j] = T.if_then_else(jb * {keys} + j < {sk}, {score}, {NEG})
+            r[2] = T.max(r[2], sc[j])
+        r[3] = T.exp(r[0] - r[2])
+        r[1] = r[1] * r[3]
+        for e in T.unroll({dv}):
+            acc[e] = acc[e] * r[3]
+        for j in T.unroll({keys}):
+            sc[j] = T.if_then_else(jb * {keys} + j < {sk}, T.exp(sc[j] - r[2]), T.float32(0))
+            r[1] = r[1] + sc[j]
+            for e in T.unroll({dv}):
+                acc[e] = acc[e] + sc[j] * vs[j, e]
+        r[0] = r[2]
+        T.tvm_storage_sync("shared")
+    if bx % {nq} * {rows} + tx < {sq}:
+        for e in range({dv}):
+            {index(spec, "out", bh, f"bx % {nq} * {rows} + tx", "e")} = acc[e] / r[1]
+'''
+
+
+class Attention(ScheduleRule):
+    name = "cuda.Attention"
+
+    def apply(self, func, target):
+        spec = read_spec(func)
+        if spec is None:
+            return None
+        out = tvm.script.from_source(kernel_source(spec, CUDA["attn_query_rows"], CUDA["attn_key_tile"]))
+        return out.with_attr("tvmfuse.flops", spec.flops()).with_attr("tvmfuse.attention", func.attrs["tvmfuse.attention"])
