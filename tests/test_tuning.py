@@ -24,6 +24,7 @@ from tvmfuse.tuning import curves, decisions, merge, target_key, tune
 from tvmfuse.tuning.database import DurableDatabase, mean_secs
 from tvmfuse.tuning.keys import target_dir
 from tvmfuse.tuning.tasks import extract, fused_module
+from tvmfuse.tuning.tune import MARGIN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRIALS = 4
@@ -84,7 +85,7 @@ def test_tuning_writes_records_per_target_folder(tuned):
     (task,) = result.tasks
     assert task.trials_run == TRIALS and task.trials_total == TRIALS
     assert task.default_ms and task.default_ms > 0 and task.tuned_ms and task.tuned_ms > 0
-    assert task.use_tuned == (task.tuned_ms < task.default_ms)  # never slower
+    assert task.use_tuned == (task.tuned_ms < task.default_ms * (1 - MARGIN))  # never slower, beyond noise
     db = DurableDatabase(folder)
     assert len(db.workloads()) == 1 and len(db) == TRIALS
     # the stock MetaSchedule JSONDatabase reads our folder too (same format)
