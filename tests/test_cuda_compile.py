@@ -15,7 +15,7 @@ EXPECTED = {
     **{(name, "tvmfuse"): 1 for name in ROW_CHAINS},
     ("softmax_chain", "none"): 4, ("softmax_chain", "tvm"): 2,
     ("softmax_decomposed", "tvm"): 4, ("rmsnorm_residual", "tvm"): 3, ("multi_reduce", "tvm"): 4,
-    ("conv_relu_bn_add", "tvmfuse"): 1, ("attention", "tvm"): 7, ("attention", "tvmfuse"): 3,
+    ("conv_relu_bn_add", "tvmfuse"): 1, ("attention", "tvm"): 7, ("attention", "tvmfuse"): 1,
 }
 _SIGNATURE = re.compile(r"__global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(([^;{]*)\)\s*\{")
 
