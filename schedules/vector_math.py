@@ -73,6 +73,18 @@ def _expand_var(x):
     return tvm.tirx.Select(tvm.tirx.isnan(x), x, edge)  # NaN in, NaN out
 
 
+def exp_nonpositive(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+    """`func` with every float32 T.exp(x) replaced by topi.fast_exp(x) alone, NaN passed through:
+    for kernels whose exp arguments are never above 0 (the online softmax's x - max), where the
+    overflow edge of `_expand` cannot happen and its selects are work on the hot path."""
+    def on_call(call):
+        if str(call.ty) == "float32" and call.op.same_as(_EXP):
+            return _bound(call.args[0], lambda v: tvm.tirx.Select(tvm.tirx.isnan(v), v, _instantiate("fast_exp", v)))
+        return call
+
+    return tvm_ffi.structural_map(func, (tvm.ir.Call, on_call))
+
+
 def _expand_erf(x):
     return _bound(x, _expand_erf_var)
 
