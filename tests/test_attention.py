@@ -133,3 +133,20 @@ def test_cuda_compiles_to_one_kernel():
     c = tvmfuse.build(w.mod, "cuda", "tvmfuse")
     assert c.launches == 1 and c.kernels_per_func() == {"fused_attention": 1}
     assert "__shared__" in c.source()
+
+
+def test_bench_attention_script_runs(tmp_path, capsys):
+    import importlib.util
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts", "bench_attention.py")
+    spec = importlib.util.spec_from_file_location("bench_attention", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "a.json"
+    assert mod.main(["--seqs", "9", "--heads", "2", "--head-dim", "8", "--rounds", "1", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| 9 |" in table and "speedup vs sdpa" in table and "| 1 / 3 / 7 | ok |" in table
+    row = json.load(open(out))["rows"][0]
+    assert set(row["ms"]) == {"tvmfuse", "tvmfuse-unfused", "tvm", "torch sdpa"} and all(row["ok"].values())

@@ -36,7 +36,9 @@ def test_every_matmul_and_conv_takes_its_rule(name):
     _w, c = _built(name)
     heavy = {gv.name_hint: str(f.attrs.get("tvmfuse.rule")) for gv, f in c.mod.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and int(f.attrs.get("tvmfuse.flops", 0)) > 0}
-    assert heavy and set(heavy.values()) <= {"cpu.Matmul", "cpu.Conv2D"}, heavy
+    assert heavy and set(heavy.values()) <= {"cpu.Matmul", "cpu.Conv2D", "cpu.Attention"}, heavy
+    attention = [n for n, rule in heavy.items() if rule == "cpu.Attention"]
+    assert len(attention) == (0 if name == "resnet50" else 12), attention  # one per layer
 
 
 @pytest.mark.parametrize("name", models.FULL_SIZE)
