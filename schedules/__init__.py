@@ -28,5 +28,8 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue
+        for key, value in (func.attrs or {}).items():  # tvmfuse's bookkeeping (group, constant params,
+            if str(key).startswith("tvmfuse.") and not (sched.attrs and key in sched.attrs):  # ...) stays
+                sched = sched.with_attr(key, value)  # on a kernel a rule wrote anew
         out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
     return out

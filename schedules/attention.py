@@ -14,7 +14,9 @@ import math
 from dataclasses import dataclass
 
 SPEC_ATTR = "tvmfuse.attention"
-NEG = "T.float32(-3.0e38)"  # "minus infinity" that stays finite through exp(x - max)
+# "minus infinity" that stays finite through exp(x - max): float32's lowest value, at or below any
+# mask fill (transformers fill with finfo(float32).min), so a fully masked row still has a max
+NEG = "T.min_value(\"float32\")"
 
 
 @dataclass
@@ -98,7 +100,7 @@ def index(spec: Spec, role: str, bh: str, row: str, col: str) -> str:
 def operand(spec: Spec, ref: dict, bh: str, i: str, j: str) -> str:
     """A score-step operand at score (bh, i, j): a scalar literal, or the tensor broadcast."""
     if ref["param"] is None:
-        return f"T.float32({ref['value']!r})"
+        return _literal(ref["value"])
     name, shape = spec.params[ref["param"]][0], tuple(ref["shape"])
     if math.prod(shape) == 1:
         return f"{name}[{', '.join('0' for _ in shape)}]" if shape else f"{name}[()]"
@@ -106,6 +108,15 @@ def operand(spec: Spec, ref: dict, bh: str, i: str, j: str) -> str:
     coords = _unravel(bh, ss[:-2]) + [i, j]
     tail = coords[len(coords) - len(shape):]
     return f"{name}[{', '.join('0' if n == 1 else c for n, c in zip(shape, tail))}]"
+
+
+def _literal(value: float) -> str:
+    """A float32 literal TVMScript parses, infinities and NaN included."""
+    if math.isnan(value):
+        return 'T.reinterpret("float32", T.uint32(0x7FC00000))'
+    if math.isinf(value):
+        return ("" if value > 0 else "-") + 'T.infinity("float32")'
+    return f"T.float32({value!r})"
 
 
 def steps(spec: Spec, value: str, bh: str, i: str, j: str) -> str:

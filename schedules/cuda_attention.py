@@ -73,7 +73,7 @@ def main({signature(spec)}):
         r[0] = r[2]
         T.tvm_storage_sync("shared")
     if bx % {nq} * {rows} + tx < {sq}:
-        for e in range({dv}):
+        for e in T.unroll({dv}):
             {index(spec, "out", bh, f"bx % {nq} * {rows} + tx", "e")} = acc[e] / r[1]
 '''
 
@@ -85,5 +85,8 @@ class Attention(ScheduleRule):
         spec = read_spec(func)
         if spec is None:
             return None
-        out = tvm.script.from_source(kernel_source(spec, CUDA["attn_query_rows"], CUDA["attn_key_tile"]))
-        return out.with_attr("tvmfuse.flops", spec.flops()).with_attr("tvmfuse.attention", func.attrs["tvmfuse.attention"])
+        keys = CUDA["attn_key_tile"]
+        if keys * (spec.d + spec.dv) * 4 > CUDA["attn_shared_bytes"] or max(spec.d, spec.dv) > CUDA["attn_max_head_dim"]:
+            return None  # the tiles would not fit shared memory, or a row's Q and accumulator its registers
+        out = tvm.script.from_source(kernel_source(spec, CUDA["attn_query_rows"], keys))
+        return out.with_attr("tvmfuse.flops", spec.flops())

@@ -159,4 +159,6 @@ CUDA = {
     "full_reduction_threads": 1024,  # one thread block for a group of full (0-d) reductions
     "attn_query_rows": 64,  # flash attention (cuda_attention.py): threads (query rows) per block ...
     "attn_key_tile": 32,  # ... keys per shared-memory K/V tile
+    "attn_shared_bytes": 48 * 1024,  # ... static shared memory a block may take (else the rule declines)
+    "attn_max_head_dim": 128,  # ... head dims held in a thread's registers (Q row and accumulator)
 }

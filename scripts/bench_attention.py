@@ -20,7 +20,6 @@ import json
 import platform
 import statistics
 import sys
-import time
 
 import numpy as np
 
@@ -31,17 +30,6 @@ def _cpu_name() -> str:
             return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         return platform.processor() or platform.machine()
-
-
-def _timed(fn, budget_s=0.2):
-    fn()
-    n, t0 = 0, time.perf_counter()
-    while True:
-        fn()
-        n += 1
-        dt = time.perf_counter() - t0
-        if dt >= budget_s:
-            return dt / n
 
 
 def systems(s, heads, dh, threads):
@@ -83,6 +71,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
+    from tvmfuse.bench import _time  # the benchmark's own timing loop
     from tvmfuse.target import host_cpu, runtime_threads
 
     threads = runtime_threads()
@@ -97,9 +86,11 @@ def main(argv=None) -> int:
         order = list(sys_)
         for r in range(args.rounds):
             for n in order[r % len(order):] + order[: r % len(order)]:
-                samples[n].append(_timed(sys_[n][0]))
+                samples[n].append(_time(sys_[n][0], 0.2))
         ms = {n: statistics.median(v) * 1e3 for n, v in samples.items()}
-        flops = 4 * s * s * args.heads * args.head_dim
+        from tvmfuse import workloads
+
+        flops = workloads.attention_workload(1, s, args.heads, args.head_dim).flops
         rows.append({"seq": s, "ms": ms, "ok": {n: x[1] for n, x in sys_.items()},
                      "launches": {n: x[2] for n, x in sys_.items() if x[2] is not None},
                      "gflops_tvmfuse": flops / ms["tvmfuse"] / 1e6,

@@ -150,3 +150,51 @@ def test_bench_attention_script_runs(tmp_path, capsys):
     assert "| 9 |" in table and "speedup vs sdpa" in table and "| 1 / 3 / 7 | ok |" in table
     row = json.load(open(out))["rows"][0]
     assert set(row["ms"]) == {"tvmfuse", "tvmfuse-unfused", "tvm", "torch sdpa"} and all(row["ok"].values())
+
+
+def test_a_fully_masked_row_and_an_infinite_fill():
+    """transformers fill masks with finfo(float32).min: a row with every key masked still gets a
+    softmax (uniform), as in numpy; a -inf fill in where() parses and masks."""
+    b, s, h, dh = 1, 8, 2, 4
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((b, h, s, dh)).astype("float32") for _ in range(3))
+    mask = np.zeros((b, 1, s, s), "float32")
+    mask[:, :, 3, :] = np.finfo(np.float32).min  # row 3: every key masked
+    tril = np.tril(np.ones((s, s), bool)).reshape(1, 1, s, s)
+
+    def graph(kind):
+        bb = relax.BlockBuilder()
+        params = [relax.Var(n, relax.TensorType((b, h, s, dh), "float32")) for n in "qkv"]
+        if kind == "add":
+            params.append(relax.Var("m", relax.TensorType((b, 1, s, s), "float32")))
+        with bb.function("main", params):
+            with bb.dataflow():
+                sc = bb.emit(R.matmul(params[0], bb.emit(R.permute_dims(params[1], [0, 1, 3, 2]))))
+                sc = bb.emit(R.add(sc, params[3]) if kind == "add" else
+                             R.where(relax.const(tril), sc, relax.const(float("-inf"), "float32")))
+                o = bb.emit_output(bb.emit(R.matmul(bb.emit(R.nn.softmax(sc, axis=-1)), params[2])))
+            bb.emit_func_output(o)
+        return bb.get()
+
+    def softmax_v(sc):
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        return (e / e.sum(-1, keepdims=True)) @ v
+
+    for kind, args, ref in (("add", (q, k, v, mask), softmax_v(q @ k.transpose(0, 1, 3, 2) + mask)),
+                            ("where", (q, k, v), softmax_v(np.where(tril, q @ k.transpose(0, 1, 3, 2), -np.inf)))):
+        c = tvmfuse.build(graph(kind), "llvm", "tvmfuse")
+        assert _rules(c) == {"fused_attention": "cpu.Attention"}, kind
+        np.testing.assert_allclose(c(*args), ref, rtol=1e-4, atol=1e-5, err_msg=kind)
+
+
+def test_an_operand_inside_the_match_is_refused():
+    """add(scores, scores): the 'mask' is the score matrix itself; not an attention."""
+    bb = relax.BlockBuilder()
+    q, k, v = (relax.Var(n, relax.TensorType((1, 2, 8, 4), "float32")) for n in "qkv")
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            sc = bb.emit(R.matmul(q, bb.emit(R.permute_dims(k, [0, 1, 3, 2]))))
+            o = bb.emit_output(bb.emit(R.matmul(bb.emit(R.nn.softmax(bb.emit(R.add(sc, sc)), axis=-1)), v)))
+        bb.emit_func_output(o)
+    c = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    assert not _attention_kernels(c)

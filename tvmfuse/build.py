@@ -41,7 +41,7 @@ def check_module(mod) -> None:
     if not isinstance(mod, tvm.IRModule):
         hint = " (wrap it: tvm.IRModule({'main': func}))" if isinstance(mod, relax.Function) else ""
         raise InputError(f"expected a tvm.IRModule with a Relax function 'main', got {type(mod).__name__}{hint}; "
-                         "import a model with tvmfuse.frontends.load_model or write one with relax.BlockBuilder")
+                         "import a model with tvmfuse.load(...) or write one with relax.BlockBuilder")
     names = sorted(gv.name_hint for gv in mod.get_global_vars())
     if "main" not in names or not isinstance(mod["main"], relax.Function):
         raise InputError(f"the module has no function 'main' (a Relax function) to build; it defines {names}")

@@ -168,7 +168,11 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
 
 def fold_constants(mod: tvm.IRModule, target="llvm") -> tvm.IRModule:
     """The graph the fusion planner sees in a build of `mod` (normalize + fold_constants)."""
-    return plan(mod, target).planned
+    from .target import resolve
+
+    t = resolve(target)
+    with t, tvm.transform.PassContext(opt_level=3):
+        return run(mod, Options(t, "tvmfuse", config.knobs()), until="fold_constants").planned
 
 
 def plan(mod: tvm.IRModule, target="llvm", knobs: config.Knobs | None = None) -> Stages:

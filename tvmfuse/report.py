@@ -265,11 +265,9 @@ def _planned(entry):
 
 
 def entry_html(k, entry) -> str:
-    from .passes.api import plan_of
-
     subject, knobs = _planned(entry)
     fg = viz.fusion_graph(subject, **knobs)
-    plan = plan_of(subject, **knobs)[1]
+    plan = fg.plan
     cmp = entry.comparison
     fused = sum(1 for g in fg.groups if g.fused)
     parts = [f'<h2 id="w{k}">{_e(entry.name)}</h2>',

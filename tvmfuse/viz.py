@@ -1,8 +1,8 @@
 """Pictures of the fusion: the op graph of a Relax function, coloured by op class, with the fused
 groups drawn as boxes around their ops.
 
-`fusion_graph(mod, **knobs)` runs the fusion planner (the same FuseGroupsTE run that
-`tvmfuse.explain` prints) and returns a `FusionGraph`: a networkx DiGraph with one node per op (plus
+`fusion_graph(mod_or_compiled, **knobs)` reads a tvmfuse build's plan (tvmfuse/plan.py; of a module
+not built, the plan a build makes, planned once) and returns a `FusionGraph`: a networkx DiGraph with one node per op (plus
 the function's inputs and outputs), edges as tensors (attr `label`: shape and dtype), the groups and
 the refused merges. `draw(fg)` renders it as SVG text with matplotlib: a layered layout (layers are
 networkx's topological generations; each group keeps a block of columns, like a graphviz cluster,
@@ -56,6 +56,7 @@ class FusionGraph:
     groups: list = field(default_factory=list)  # [Group]
     refused: list = field(default_factory=list)  # [dict(block, kind, a, b, rule, reason)]
     var_node: dict = field(default_factory=dict)  # Relax var name (aliases included) -> op node
+    plan: object = None  # the tvmfuse.plan.Plan drawn
 
     def ops(self):
         return [n for n, d in self.graph.nodes(data=True) if d["kind"] == "op"]
@@ -84,7 +85,7 @@ def fusion_graph(mod, func_name: str = "main", **knobs) -> FusionGraph:
     mod, plan = plan_of(mod, **knobs)
     func = mod[func_name]
     G = nx.DiGraph()
-    fg = FusionGraph(G)
+    fg = FusionGraph(G, plan=plan)
     group_of = {}  # op var name -> Group
     for pg in plan.groups:
         grp = Group(pg.id, pg.block, pg.index, pg.names, pg.kind, pg.te_refused)

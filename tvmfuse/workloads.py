@@ -71,10 +71,6 @@ def memory_bound_names() -> list[str]:
     return [n for n in names() if get(n).memory_bound]
 
 
-def reduction_heavy_names() -> list[str]:
-    return [n for n in names() if get(n).reduction_heavy]
-
-
 def get(name: str, size: str = "small") -> Workload:
     if name not in _REGISTRY:
         raise UnknownWorkloadError(f"unknown workload {name!r}; known workloads: {', '.join(names())}")
@@ -288,7 +284,7 @@ def attention(size):
     return attention_workload(b, s, h, dh)
 
 
-def attention_workload(b, s, h, dh, mask: str | None = None, name: str = "attention") -> Workload:
+def attention_workload(b, s, h, dh, mask: str | None = None, name: str | None = None) -> Workload:
     """Multi-head attention on [b, s, h*dh] inputs, as transformers write it: split heads, scores
     scaled, softmax, times V, heads merged. `mask`: None; "causal" (where(tril, scores, -1e9), the
     GPT-2 spelling, a constant condition); "additive" (a [b, 1, 1, s] input added to the scores,
@@ -323,6 +319,7 @@ def attention_workload(b, s, h, dh, mask: str | None = None, name: str = "attent
             sc = sc + m[0]
         return (_np_softmax(sc) @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
 
+    name = name or ("attention" if mask is None else f"attention_{mask}")  # baselines look up by name
     w = _wl(name, f"{b}x{s}x{h}x{dh}", specs, body, ref, rtol=1e-3, atol=1e-4, meta={"heads": h},
             flops=2 * b * s * s * dm * 2)
     if mask == "additive":  # the padding mask: the last quarter of the keys masked out

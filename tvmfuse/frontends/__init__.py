@@ -3,7 +3,7 @@
   from_torch(module, example_inputs, dynamic_shapes=None)   PyTorch eager, captured by torch.export
   from_onnx(path_or_model, shapes=None)                     ONNX files or ModelProtos
   from_relay_text(text_or_path)                             TVM Relay's text format (<= 0.19)
-  load_model(spec, size)                                    what scripts/tune.py --model resolves
+  load(spec, size) = load_model                             the one loader: zoo name, real model or file
 
 Each importer returns a normalized Relax IRModule (see common.normalize) and raises
 tvmfuse.errors.FrontendError, naming what failed, where and how to fix it.

@@ -1,5 +1,6 @@
-"""`load_model(spec, size)`: what `scripts/tune.py --model SPEC` builds, as a workload-like object
-(`name`, `mod`, `inputs()`, `reference(*inputs)` or None, `rtol`, `atol`).
+"""`load_model(spec, size)` (`tvmfuse.load`): the one loader every entry point uses (scripts/tune.py
+--model, bench, report, `tvmfuse graph`); a workload-like object (`name`, `mod`, `inputs()`,
+`reference(*inputs)` or None, `rtol`, `atol`, `flops`, `memory_bound`).
 
 SPEC is, in this order:
   a zoo workload name        tvmfuse.workloads (numpy reference)

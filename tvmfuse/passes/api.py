@@ -5,10 +5,6 @@ from .. import config
 from .fuse_groups_te import FuseGroupsTE
 
 
-def _check_knobs(knobs):
-    config.check_names(knobs)
-
-
 def fuse(mod, **knobs):
     """The fused module: one call_tir per fused group (each one TE-built PrimFunc); ops left unfused
     stay high-level Relax ops (LegalizeOps gives them their own kernel). Its plan: `Plan.of(result)`."""

@@ -119,8 +119,13 @@ def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set):
             continue
         pf = pf.with_attr(FUNC_ATTR, grp.attr())
         if members[0] in p.attention:  # the schedule rules write its online-softmax kernel from this
-            pf = pf.with_attr(match_attention.SPEC_ATTR, match_attention.spec(
-                p.attention[members[0]], inputs, [int(x) for x in outs[0].ty.shape.values]))
+            try:
+                pf = pf.with_attr(match_attention.SPEC_ATTR, match_attention.spec(
+                    p.attention[members[0]], inputs, [int(x) for x in outs[0].ty.shape.values]))
+            except ValueError as err:
+                grp.te_refused = f"attention spec: {err}"
+                log.info("group %s left unfused: %s", grp.names, grp.te_refused)
+                continue
         fused[members[0]] = (members, pf, inputs, outs, grp)
     if not fused:
         return block

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 import tvm
 from tvm import relax
 
+from schedules.attention import SPEC_ATTR  # the rules read what this module writes
+
 from ..relax_utils import static_shape
 
 log = logging.getLogger("tvmfuse.fusion")
 
-SPEC_ATTR = "tvmfuse.attention"
 
 
 @dataclass
@@ -91,6 +92,17 @@ class _Walk:
         members |= {p.idx, r.idx}
         return x, h
 
+    def reaches_matmul(self, expr, depth: int = 6) -> bool:
+        """`expr` comes from a matmul through single-use score steps (the scores' side of an add)."""
+        n = self.node(expr)
+        if n is None or depth == 0 or not self.private(n):
+            return False
+        if n.op == "matmul":
+            return True
+        if n.op in ("reshape", "multiply", "divide", "add", "where"):
+            return any(self.reaches_matmul(a, depth - 1) for a in n.call.args)
+        return False
+
     def see_through(self, expr, members):
         """Up through single-use reshapes and identity broadcast_to's (views in the torch spelling)."""
         while True:
@@ -137,7 +149,7 @@ def _match(g, sm):
             steps.append(("mul", args[0]))
             cur = args[1]
         elif p.op == "add" and not any(s[0] in ("add", "where") for s in steps):
-            on_left = static_shape(args[0].ty) == p.shape and w.node(args[0]) is not None
+            on_left = w.reaches_matmul(args[0]) or not w.reaches_matmul(args[1])
             scores, mask = (args[0], args[1]) if on_left else (args[1], args[0])
             if static_shape(scores.ty) != p.shape:
                 return None, f"{p.name} (add) broadcasts the scores"
@@ -201,6 +213,10 @@ def _match(g, sm):
                 members |= {p.idx, r.idx}
                 out, heads["out"] = r, h
     heads = {k_: h for k_, h in heads.items() if h is not None}
+    for e in [q, k, v] + [x for step in steps for x in step[1:]]:  # operands come from outside
+        n = w.node(e)
+        if n is not None and n.idx in members:
+            return None, f"{n.name} ({n.op}) is both inside the attention and one of its operands"
     m = AttentionMatch(members, q, k, v, out.var, k_transposed, steps, tuple(score_shape), heads)
     why = _check_shapes(m)
     return (None, why) if why else (m, None)

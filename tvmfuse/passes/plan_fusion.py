@@ -1,5 +1,6 @@
 """Plan fusion groups over one dataflow block: score-ordered greedy merging (Inductor's way).
 
+Each attention (match_attention.py) starts as one sealed group that merges with nothing else.
 Candidates are producer->consumer edges between groups and sibling pairs (groups reading the same
 external input). The best-scored candidate that is legal (legality.py) and creates no cycle is
 merged; repeat until none is left. Refusals of the final plan are logged on `tvmfuse.fusion`.
