@@ -1,0 +1,78 @@
+"""torch.compile(model, backend="tvmfuse") (issue 18, item 5, static shapes): the graphs dynamo
+captures are built by tvmfuse, match eager, and anything tvmfuse cannot take runs eagerly."""
+import logging
+
+import pytest
+import torch
+
+from tvmfuse import torch_backend
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1, self.l2, self.ln = torch.nn.Linear(16, 32), torch.nn.Linear(32, 16), torch.nn.LayerNorm(16)
+
+    def forward(self, x):
+        return self.ln(torch.softmax(self.l2(torch.relu(self.l1(x))), -1) + x)
+
+
+def _counting(builds):
+    def backend(gm, example_inputs, **kw):
+        fn = torch_backend.tvmfuse_backend(gm, example_inputs, **kw)
+        builds.append(getattr(fn, "compiled", None))
+        return fn
+    return backend
+
+
+def test_the_name_is_registered():
+    assert "tvmfuse" in torch._dynamo.list_backends()
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(m, backend="tvmfuse")(x), m(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_block_is_fused_and_matches_eager():
+    torch._dynamo.reset()
+    builds = []
+    m = Block().eval()
+    cm = torch.compile(m, backend=_counting(builds))
+    with torch.no_grad():
+        for _ in range(3):  # one compile, reused
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    (compiled,) = builds
+    assert compiled is not None and compiled.fusion == "tvmfuse" and compiled.plan is not None
+    assert compiled.launches < len([g for g in compiled.plan.groups for _ in g.ops])  # fused
+
+
+def test_options_reach_the_build():
+    torch._dynamo.reset()
+    builds = []
+    m = Block().eval()
+    with torch.no_grad():
+        torch.compile(m, backend=_counting(builds), options={"fusion": "none"})(torch.randn(2, 16))
+    assert builds[0].fusion == "none" and builds[0].plan is None
+
+
+def test_what_tvmfuse_cannot_take_runs_eagerly(caplog):
+    torch._dynamo.reset()
+    m = Block().eval()
+    x = torch.randn(4, 16)
+    with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
+        out = torch.compile(m, backend="tvmfuse", options={"not_a_knob": 1})(x)  # the build refuses
+    torch.testing.assert_close(out, m(x))
+    assert "left to eager PyTorch" in caplog.text and "not_a_knob" in caplog.text
+
+
+def test_dynamic_graphs_fall_back_to_eager_for_now(caplog):
+    torch._dynamo.reset()
+    m = Block().eval()
+    cm = torch.compile(m, backend="tvmfuse", dynamic=True)
+    with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
+        for n in (2, 5, 9):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    assert "symbolic" in caplog.text or "left to eager" in caplog.text
