@@ -137,5 +137,12 @@ def steps(spec: Spec, value: str, bh: str, i: str, j: str) -> str:
     return value
 
 
+def kernel(source: str, spec: Spec):
+    """The PrimFunc of a kernel's TVMScript, with its FLOPs stamped (the roofline reads them)."""
+    import tvm
+
+    return tvm.script.from_source(source).with_attr("tvmfuse.flops", spec.flops())
+
+
 def signature(spec: Spec) -> str:
     return ", ".join(f'{n}: T.Buffer({tuple(s)!r}, "{d}")' for n, s, d in spec.params)

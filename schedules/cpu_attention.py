@@ -18,9 +18,7 @@ floating-point reassociation (the softmax sum and P·V accumulate block by block
 """
 from __future__ import annotations
 
-import tvm
-
-from .attention import NEG, index, read_spec, signature, steps
+from .attention import NEG, index, kernel, read_spec, signature, steps
 from .rule import ScheduleRule
 from .targets import CPU
 from .vector_math import exp_nonpositive
@@ -114,6 +112,6 @@ class Attention(ScheduleRule):
         lanes = CPU["vector_bytes"] // 4
         src = kernel_source(spec, CPU["attn_row_vectors"] * lanes, CPU["attn_row_groups"], CPU["attn_keys"],
                             CPU["attn_key_unroll"], CPU["attn_pv_rows"], CPU["attn_out_vectors"] * lanes)
+        out = kernel(src, spec)
         # every exp here is of x - (a running max) <= 0: the fast exp without its overflow edge
-        out = exp_nonpositive(tvm.script.from_source(src)) if CPU["vector_math"] else tvm.script.from_source(src)
-        return out.with_attr("tvmfuse.flops", spec.flops())
+        return exp_nonpositive(out) if CPU["vector_math"] else out

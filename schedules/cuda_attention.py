@@ -12,9 +12,7 @@ Global traffic is O(N·d): Q, K, V and the mask read once per row block, O writt
 """
 from __future__ import annotations
 
-import tvm
-
-from .attention import NEG, index, read_spec, signature, steps
+from .attention import NEG, index, kernel, read_spec, signature, steps
 from .rule import ScheduleRule
 from .targets import CUDA
 
@@ -88,5 +86,4 @@ class Attention(ScheduleRule):
         keys = CUDA["attn_key_tile"]
         if keys * (spec.d + spec.dv) * 4 > CUDA["attn_shared_bytes"] or max(spec.d, spec.dv) > CUDA["attn_max_head_dim"]:
             return None  # the tiles would not fit shared memory, or a row's Q and accumulator its registers
-        out = tvm.script.from_source(kernel_source(spec, CUDA["attn_query_rows"], keys))
-        return out.with_attr("tvmfuse.flops", spec.flops())
+        return kernel(kernel_source(spec, CUDA["attn_query_rows"], keys), spec)

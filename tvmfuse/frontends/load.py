@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import runpy
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
 
 import numpy as np
@@ -50,7 +51,7 @@ class LoadedModel:
     def inputs(self) -> list[np.ndarray]:
         return [np.array(a, copy=True) for a in self.arrays]
 
-    @property
+    @cached_property
     def flops(self) -> int:
         """Its matmul/conv FLOPs, counted from the graph (roofline.graph_flops)."""
         from ..roofline import graph_flops
