@@ -9,6 +9,7 @@ a transformer does with reshape + permute, absorbed into the kernel's indexing).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -139,9 +140,15 @@ def steps(spec: Spec, value: str, bh: str, i: str, j: str) -> str:
 
 def kernel(source: str, spec: Spec):
     """The PrimFunc of a kernel's TVMScript, with its FLOPs stamped (the roofline reads them)."""
+    return _parse(source).with_attr("tvmfuse.flops", spec.flops())
+
+
+@functools.lru_cache(maxsize=64)
+def _parse(source: str):
+    """Parsed once per distinct source (BERT-base's 12 layers share one; PrimFuncs are immutable)."""
     import tvm
 
-    return tvm.script.from_source(source).with_attr("tvmfuse.flops", spec.flops())
+    return tvm.script.from_source(source)
 
 
 def signature(spec: Spec) -> str:

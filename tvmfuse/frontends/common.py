@@ -5,6 +5,7 @@ variants start from the same clean graph:
 
   DecomposeOpsForInference  batch_norm(training=False) etc. into plain arithmetic
   CanonicalizeBindings      `t = (a, b, c); y = t[0]` -> `y = a` (literal tuples left by the decomposition)
+  FoldConstantsOnce         (passes/fold_constants.py: every constant binding evaluated by one build)
   FoldConstant              shape arithmetic on weights (ONNX Shape/Gather chains, expand_dims of BN
                             statistics) computed once at import instead of per inference
   DeadCodeElimination       drop what the two passes above left unused
@@ -24,8 +25,10 @@ from ..relax_utils import static_shape
 def normalize(mod: tvm.IRModule, fold_constants: bool = True) -> tvm.IRModule:
     T = relax.transform
     passes = [T.DecomposeOpsForInference(), T.CanonicalizeBindings()]
-    if fold_constants:
-        passes.append(T.FoldConstant())
+    if fold_constants:  # all at once first (one build), then TVM's own pass for what that declined
+        from ..passes.fold_constants import FoldConstantsOnce
+
+        passes += [FoldConstantsOnce, T.FoldConstant()]
     passes.append(T.DeadCodeElimination())
     with tvm.transform.PassContext(opt_level=3):
         return tvm.transform.Sequential(passes)(mod)

@@ -112,10 +112,13 @@ class BlockGraph:
                 if v in outputs:
                     self.external_uses[n.idx].add(v)
         self.by_idx = {n.idx: n for n in self.nodes}
+        self._out_bytes = {}
         self.attention: list = []  # member sets of the attentions found (plan_fusion fills it)
 
     def out_bytes(self, idx):
-        return tensor_bytes(self.by_idx[idx].var.ty)
+        if idx not in self._out_bytes:  # read through the FFI once per node, not once per score
+            self._out_bytes[idx] = tensor_bytes(self.by_idx[idx].var.ty)
+        return self._out_bytes[idx]
 
     def is_anchor(self, idx):
         return self.by_idx[idx].cls == COMPUTE

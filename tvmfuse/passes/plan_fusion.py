@@ -49,7 +49,13 @@ def _creates_cycle(g, group_of, ga, gb, members):
     return False
 
 
-def _candidates(g, group_of, members, knobs):
+def _external_args(g) -> dict:
+    """node -> the block's inputs (vars no op of the block binds) it reads, computed once."""
+    return {n.idx: [a for a in n.call.args if isinstance(a, relax.Var) and a not in g.node_of_var]
+            for n in g.nodes}
+
+
+def _candidates(g, group_of, knobs, external_args):
     seen = set()
     for n in g.nodes:
         for c in g.users[n.idx]:
@@ -61,9 +67,8 @@ def _candidates(g, group_of, members, knobs):
         return
     readers = {}
     for n in g.nodes:
-        for a in n.call.args:
-            if isinstance(a, relax.Var) and a not in g.node_of_var:
-                readers.setdefault(a, set()).add(group_of[n.idx])
+        for a in external_args[n.idx]:
+            readers.setdefault(a, set()).add(group_of[n.idx])
     for var, gids in readers.items():
         gids = sorted(gids)
         for i, x in enumerate(gids):
@@ -87,22 +92,32 @@ def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
     members = {n.idx: {n.idx} for n in g.nodes}
     how = {n.idx: [] for n in g.nodes}  # group -> merge kinds, in order
     sealed = _seed_attention(g, group_of, members, how, knobs)
+    external_args = _external_args(g)
+    # score and legality are functions of the two groups' members only: cached per pair, and
+    # dropped for the two groups a merge changes (the cycle check depends on every group: not cached)
+    scores, legal = {}, {}
     while True:
         scored = []
-        for (x, y), shared in _candidates(g, group_of, members, knobs):
+        for (x, y), shared in _candidates(g, group_of, knobs, external_args):
             if x in sealed or y in sealed:
                 continue
-            s, _ = profitability.score(g, members[x], members[y], knobs, shared)
-            if s is not None:
-                scored.append((s, x, y, "sibling" if shared else "edge"))
+            key = (x, y, shared)
+            if key not in scores:
+                scores[key] = profitability.score(g, members[x], members[y], knobs, shared)[0]
+            if scores[key] is not None:
+                scored.append((scores[key], x, y, "sibling" if shared else "edge"))
         merged = False
         for s, x, y, kind in sorted(scored, key=lambda t: (-t[0], t[1], t[2])):
-            if legality.check(g, members[x] | members[y], knobs) or _creates_cycle(g, group_of, x, y, members):
+            if (x, y) not in legal:
+                legal[(x, y)] = not legality.check(g, members[x] | members[y], knobs)
+            if not legal[(x, y)] or _creates_cycle(g, group_of, x, y, members):
                 continue
             members[x] |= members.pop(y)
             how[x] += [kind] + how.pop(y)
             for i in members[x]:
                 group_of[i] = x
+            scores = {k: v for k, v in scores.items() if not {x, y} & {k[0], k[1]}}
+            legal = {k: v for k, v in legal.items() if not {x, y} & set(k)}
             merged = True
             break
         if not merged:
@@ -138,7 +153,7 @@ def _seed_attention(g, group_of, members, how, knobs) -> dict:
 
 def _record_refusals(p, group_of, members, knobs, block_index, sealed=()):
     g = p.graph
-    for (x, y), shared in _candidates(g, group_of, members, knobs):
+    for (x, y), shared in _candidates(g, group_of, knobs, _external_args(g)):
         res = ("attention", "a flash-attention group takes no other ops") if x in sealed or y in sealed \
             else legality.check(g, members[x] | members[y], knobs)
         if res is None and _creates_cycle(g, group_of, x, y, members):
