@@ -195,3 +195,25 @@ def pack_at_build_time(sch, block_rv) -> bool:
     sch.annotate(block_rv, "meta_schedule.layout_rewrite_preproc", True)
     sch.annotate(sch.get_sblock("root"), "tvmfuse.prepack", True)  # what PrepackWeights looks for
     return True
+
+
+def join_tile(sch, block_rv, loop_rv) -> bool:
+    """reverse_compute_at(block, loop) when the tile's region maps to a rectangle of the block's
+    own domain; False (nothing changed) otherwise. A reshape between the tile and the epilogue can
+    make it a ragged staircase: a [16, 49] tile of columns read back as [16, 7, 7] covers parts
+    of several rows. TVM then sizes the epilogue's loops by expressions of the outer loop and a
+    predicate that misses points (measured: wrong results for a 1x1 conv on a flattened map). So
+    the join is tried on a copy first, and kept only when every loop it made has a constant
+    extent, the sign of an exact rectangle (a ragged tile's predicate on constant loops is fine)."""
+    trial = sch.copy()
+    try:
+        trial.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
+    except tvm.s_tir.ScheduleError:
+        return False
+    loops = trial.get_loops(block_rv)
+    at = trial.get(loop_rv)
+    k = next(i for i, lp in enumerate(loops) if trial.get(lp).same_as(at))
+    if not all(isinstance(trial.get(lp).extent, tvm.tirx.IntImm) for lp in loops[k + 1:]):
+        return False
+    sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
+    return True

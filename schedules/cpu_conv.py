@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import (block_bits, extent, lanes, operands_of_reduction, pack_at_build_time, schedule_spatial,
-                     single_reduction)
+from .common import (block_bits, extent, join_tile, lanes, operands_of_reduction, pack_at_build_time,
+                     schedule_spatial, schedule_spatial_block, single_reduction)
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
@@ -54,9 +54,11 @@ class Conv2D(ScheduleRule):
         if tile is None:
             return None
         at, rc = tile
-        for b in epilogue:  # the epilogue joins the tile
-            sch.reverse_compute_at(b, at, preserve_unit_loops=True)
-            _vectorize_last(sch, b)
+        for b in epilogue:  # the epilogue joins the tile (unless a reshape cuts the tile: join_tile)
+            if join_tile(sch, b, at):
+                _vectorize_last(sch, b)
+            else:
+                schedule_spatial_block(sch, b)
         sch.decompose_reduction(conv.block_rv, rc)
         for info in infos[: infos.index(conv)]:  # the padded input: its own parallel loops ...
             if not _inline_copy(sch, info.block_rv):  # ... unless nothing is padded (a 1x1 conv)

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction
+from .common import (block_bits, extent, join_tile, lanes, pack_at_build_time, schedule_spatial_block,
+                     single_reduction)
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
@@ -57,12 +58,11 @@ class Matmul(ScheduleRule):
         elif was_output:  # no epilogue stage: accumulate in a tile, then store it
             after = [sch.cache_write(mm, 0, "global")]
         pack, packed = _pack_panels(sch, mm) or (None, None)
-        for block in after:  # the epilogue joins the tile, in program order
-            try:
-                sch.reverse_compute_at(block, outer_rows, preserve_unit_loops=True)
+        for block in after:  # the epilogue joins the tile, in program order ...
+            if join_tile(sch, block, outer_rows):
                 _vectorize_tile(sch, block, outer_rows)
-            except s_tir.ScheduleError:  # it also reads a sibling output computed outside the tile
-                schedule_spatial_block(sch, block)
+            else:  # ... unless it also reads a sibling output computed outside the tile, or
+                schedule_spatial_block(sch, block)  # reads the tile back through a reshape that cuts it
         sch.decompose_reduction(mm, k)
         for block in before + pads:  # operand copies: their own parallel, vectorized loops
             if packed is not None and sch.get(block).name_hint == packed:
