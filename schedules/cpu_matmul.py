@@ -6,7 +6,8 @@ output rows i and columns j, reading A at [.., i, k] and B at [.., k, j] (or, M 
 a GEMV with a column panel for every core), and whose other stages are spatial (packed operand
 copies before it, an elementwise epilogue after it). It returns the function scheduled, or None
 (decline) for any other shape. Ragged M or N are padded to whole tiles (pad_einsum, zero-filled
-operand copies; only the write-back is predicated). A packing of a weight that is a constant at
+operand copies; only the write-back is predicated); a symbolic M (a dynamic batch or sequence) is
+padded the same way, at run time. A packing of a weight that is a constant at
 every call is marked to run at build time (passes/prepack_weights.py). Every primitive it uses
 keeps the math; only the loop order and the padding (never read back) change.
 
@@ -135,13 +136,16 @@ def _tile(sch, mm):
         return _tile_gemv(sch, mm)
     *batch, i, j, k = sch.get_loops(mm)
     m, n = extent(sch, i), extent(sch, j)
-    if not m or not n:
+    if not n or m == 0 or any(extent(sch, b) is None for b in batch):
         return None
     v = lanes(block_bits(sch, mm))
-    nr, mr = v * CPU["mm_col_vectors"], min(CPU["mm_rows"], m)
+    nr, mr = v * CPU["mm_col_vectors"], min(CPU["mm_rows"], m or CPU["mm_rows"])
     nr = min(nr, -(-n // v) * v)  # a narrow N (10 classes) pads to whole vectors, not a whole tile
-    if m % mr or n % nr:
-        sch.pad_einsum(mm, [1] * len(batch) + [mr if m % mr else 1, nr if n % nr else 1, 1])
+    # a symbolic M (batch x sequence rows) is padded the same way: pad_einsum sizes the zero-filled
+    # copies ceil(M / MR) * MR at run time, and no predicate enters the k loop (3x faster than one)
+    pad_m = m is None or m % mr
+    if pad_m or n % nr:
+        sch.pad_einsum(mm, [1] * len(batch) + [mr if pad_m else 1, nr if n % nr else 1, 1])
         *batch, i, j, k = sch.get_loops(mm)
     i0, i1 = sch.split(i, [None, mr])
     j0, j1 = sch.split(j, [None, nr])

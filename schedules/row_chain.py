@@ -29,6 +29,16 @@ def _int(x):
     return int(x) if isinstance(x, tvm.tirx.IntImm) else None
 
 
+def _extent_key(e):
+    """A loop extent as a comparable key: the int, or the simplified text of a symbolic extent (one
+    PrimFunc names each of its symbolic variables once, so equal text is the same extent)."""
+    if isinstance(e, tvm.tirx.IntImm):
+        return int(e)
+    from tvm.sym import Analyzer
+
+    return "sym:" + str(Analyzer().simplify(e))
+
+
 def vars_in(expr):
     names = set()
 
@@ -62,9 +72,9 @@ def analyze(sch) -> RowChain | None:
         kinds = info.dom_kind()
         if "RS" in kinds or "O" in kinds:
             return None  # a spatial loop inside a reduction loop, or an opaque iterator
-        extents = [_int(sch.get(lp).extent) for lp in sch.get_loops(info.block_rv)]
-        if None in extents or len(extents) != len(kinds):
-            return None  # dynamic shapes or loops not one-to-one with block iters
+        extents = [_extent_key(sch.get(lp).extent) for lp in sch.get_loops(info.block_rv)]
+        if len(extents) != len(kinds):
+            return None  # loops not one-to-one with block iters
         lead = len(kinds) - len(kinds.lstrip("S"))
         shapes.append(extents[:lead])
     rows = 0
@@ -111,18 +121,25 @@ def same_thread_mapping(sch, chain: RowChain) -> bool:
     return True
 
 
-def _iterations(sch, block_rv) -> int:
-    n = 1
+def _iterations(sch, block_rv):
+    n = tvm.tirx.const(1, "int64")
     for iv in sch.get(block_rv).iter_vars:
-        n *= _int(iv.dom.extent) or 0
+        n = n * tvm.tirx.Cast("int64", iv.dom.extent)
     return n
 
 
-def _loop_trips(sch, block_rv) -> int:
-    n = 1
+def _loop_trips(sch, block_rv):
+    n = tvm.tirx.const(1, "int64")
     for lp in sch.get_loops(block_rv):
-        n *= _int(sch.get(lp).extent) or 0
+        n = n * tvm.tirx.Cast("int64", sch.get(lp).extent)
     return n
+
+
+def _same_count(a, b) -> bool:
+    """Provably equal iteration counts (static ints, or symbolic products such as n * 768)."""
+    from tvm.sym import Analyzer
+
+    return bool(Analyzer().can_prove_equal(a, b))
 
 
 def join_row(sch, blocks, row) -> None:
@@ -136,5 +153,5 @@ def join_row(sch, blocks, row) -> None:
     for b in blocks[1:]:
         sch.reverse_compute_at(b, row, preserve_unit_loops=True)
     for b in blocks:
-        if _loop_trips(sch, b) != want[b]:
+        if not _same_count(_loop_trips(sch, b), want[b]):
             raise ValueError(f"stage {sch.get(b).name_hint} does not cover its domain once inside the row")

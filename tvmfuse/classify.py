@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import tvm
 from tvm import relax
 
-from .relax_utils import static_shape
+from .relax_utils import dims
 from .te_compose import NotComposable, single_op_primfunc
 
 ELEMENTWISE, BROADCAST, INJECTIVE, REDUCTION, COMPUTE, OPAQUE = (
@@ -57,11 +57,11 @@ def classify_call(call: relax.Call) -> tuple[str, str, int | None]:
     except NotComposable as err:
         return OPAQUE, str(err), None
     name, tvm_says = call.op.name, _PATTERN.get(pat, str(pat))
-    out_shape = static_shape(call.ty) if isinstance(call.ty, relax.TensorType) else None
+    out_shape = dims(call.ty) if isinstance(call.ty, relax.TensorType) else None
     if name in COMPUTE_OPS:
         return COMPUTE, f"{name} re-reads its inputs along a reduction axis (TVM: {tvm_says})", pat
     if pat == 0:
-        in_shapes = [static_shape(a.ty) for a in call.args if isinstance(a.ty, relax.TensorType)]
+        in_shapes = [dims(a.ty) for a in call.args if isinstance(a.ty, relax.TensorType)]
         bcast = [s for s in in_shapes if s is not None and s != out_shape]
         if bcast:
             return BROADCAST, f"operand of shape {list(bcast[0])} broadcast to {list(out_shape or [])} (TVM: {tvm_says})", pat
@@ -69,7 +69,7 @@ def classify_call(call: relax.Call) -> tuple[str, str, int | None]:
     if pat == 1:
         return BROADCAST, f"TVM: {tvm_says}", pat
     if pat == 2 and isinstance(call.ty, relax.TupleType) and call.args and \
-            static_shape(call.ty.fields[0]) == static_shape(call.args[0].ty):
+            dims(call.ty.fields[0]) == dims(call.args[0].ty):
         return BROADCAST, f"per-channel affine with broadcast operands (TVM: {tvm_says})", pat
     if pat == 2:
         return INJECTIVE, f"data movement only, index remapping (TVM: {tvm_says})", pat
@@ -120,5 +120,5 @@ def classify(mod, func_name: str = "main") -> Classification:
     for bd in op_bindings(func):
         cls, reason, pat = classify_call(bd.value)
         ops.append(OpInfo(bd.var.name, bd.value.op.name, cls, reason,
-                          static_shape(bd.var.ty) if isinstance(bd.var.ty, relax.TensorType) else None, pat))
+                          dims(bd.var.ty) if isinstance(bd.var.ty, relax.TensorType) else None, pat))
     return Classification(ops)

@@ -5,6 +5,7 @@ import threading
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 
 # Two pieces of TVM's Python-side graph construction are process-global, shared by every thread:
@@ -46,3 +47,74 @@ def call_tir_sites(func: relax.Function):
                 args = list(v.args[1].fields) if isinstance(v.args[1], relax.Tuple) else [v.args[1]]
                 yield bd.var, v.args[0], args, bd.var.ty
 
+
+
+# ------------------------------------------------------------------ symbolic dimensions
+NOMINAL_EXTENT = 256  # a symbolic dim's stand-in when the planner estimates bytes (an order, not a value)
+
+
+class SymDim:
+    """A symbolic extent (`n`, `n * 4`), equal to another only when TVM's analyzer proves it.
+
+    Fusion compares iteration spaces dim by dim; with symbolic batch or sequence the question is
+    not "same int" but "provably the same extent". Hashed by its simplified text, so equal dims
+    built the same way share a hash (n * 4 and n + n + n + n simplify alike)."""
+
+    __slots__ = ("expr", "_key")
+
+    def __init__(self, expr):
+        from tvm.sym import Analyzer
+
+        self.expr = Analyzer().simplify(expr)
+        self._key = str(self.expr)
+
+    def __eq__(self, other):
+        if not isinstance(other, SymDim):
+            return False  # an int: a symbolic extent is not provably equal to any constant
+        if self._key == other._key and tvm_ffi.structural_equal(self.expr, other.expr):
+            return True
+        from tvm.sym import Analyzer
+
+        return bool(Analyzer().can_prove_equal(self.expr, other.expr))
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return self._key
+
+
+def dims(ty) -> tuple | None:
+    """The shape of a tensor type as ints and SymDims; None when the rank or shape is unknown."""
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not hasattr(ty.shape, "values"):
+        return None
+    return tuple(int(v) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in ty.shape.values)
+
+
+def is_symbolic(ty) -> bool:
+    d = dims(ty)
+    return d is not None and any(isinstance(x, SymDim) for x in d)
+
+
+def _nominal(dim) -> int:
+    if isinstance(dim, int):
+        return dim
+    from tvm.sym import Analyzer
+
+    a = Analyzer()  # each free var bound to the single value NOMINAL_EXTENT: the dim simplifies to an int
+    for v in tvm.tirx.analysis.undefined_vars(dim.expr):
+        t = str(v.ty)
+        a.bind(v, tvm.ir.Range(tvm.tirx.const(NOMINAL_EXTENT, t), tvm.tirx.const(NOMINAL_EXTENT + 1, t)))
+    val = a.simplify(dim.expr)
+    return int(val) if isinstance(val, tvm.tirx.IntImm) else NOMINAL_EXTENT
+
+
+def planning_bytes(ty) -> int:
+    """tensor_bytes, with each symbolic dim at NOMINAL_EXTENT: what the fusion planner weighs (a
+    static shape gives exactly tensor_bytes)."""
+    if isinstance(ty, relax.TupleType):
+        return sum(planning_bytes(f) for f in ty.fields)
+    d = dims(ty)
+    if d is None:
+        return 0
+    return int(np.prod([_nominal(x) for x in d], dtype=np.int64)) * tvm.runtime.DataType(ty.dtype).bits // 8

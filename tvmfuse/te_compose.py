@@ -91,9 +91,7 @@ class OpToTE:
             ty = arg.ty
             if not isinstance(ty, relax.TensorType) or (ty.shape is None and ty.ndim != 0):
                 raise NotComposable(f"argument of type {ty} is not a tensor of known shape")
-            shape = list(ty.shape.values) if ty.shape is not None else []
-            if any(not isinstance(s, tvm.tirx.IntImm) for s in shape):
-                raise NotComposable("symbolic shapes are not fused yet")
+            shape = list(ty.shape.values) if ty.shape is not None else []  # symbolic dims stay TIR vars
             name = arg.name if isinstance(arg, relax.Var) else f"const{len(self.inputs)}"
             ph = te.placeholder(shape, ty.dtype, name=name)
             self.inputs.append(ph)

@@ -12,7 +12,7 @@ import tvm_ffi
 from tvm import relax
 
 from ..classify import COMPUTE, REDUCTION, classify_call
-from ..relax_utils import static_shape, tensor_bytes
+from ..relax_utils import dims, planning_bytes, static_shape
 
 
 @dataclass
@@ -40,17 +40,24 @@ class Node:
 
     @property
     def shape(self):
+        """The static shape (ints), None when any dim is symbolic (what shape arithmetic needs)."""
+        return static_shape(self._ty())
+
+    @property
+    def dims(self):
+        """The shape as ints and SymDims (relax_utils): what legality compares, symbolic or not."""
+        return dims(self._ty())
+
+    def _ty(self):
         ty = self.var.ty
-        if isinstance(ty, relax.TupleType):
-            ty = ty.fields[0]
-        return static_shape(ty)
+        return ty.fields[0] if isinstance(ty, relax.TupleType) else ty
 
     def row_space(self):
         """For a reduction: (kept leading dims, True) when it reduces trailing axes; else
         (input shape, False): it may then only fuse with ops of exactly that input shape."""
         if self.cls != REDUCTION:
             return None
-        in_shape = static_shape(self.call.args[0].ty)
+        in_shape = dims(self.call.args[0].ty)
         if in_shape is None:
             return None
         n = len(in_shape)
@@ -117,7 +124,7 @@ class BlockGraph:
 
     def out_bytes(self, idx):
         if idx not in self._out_bytes:  # read through the FFI once per node, not once per score
-            self._out_bytes[idx] = tensor_bytes(self.by_idx[idx].var.ty)
+            self._out_bytes[idx] = planning_bytes(self.by_idx[idx].var.ty)
         return self._out_bytes[idx]
 
     def is_anchor(self, idx):

@@ -16,8 +16,8 @@ def _opaque(g, members, knobs):
             return f"{n.name} ({n.op}) is opaque: {n.reason}"
         if n.escapes:
             return f"{n.name} ({n.op}) is used as a whole tuple outside its group"
-        if n.shape is None and n.cls != OPAQUE and not n.aliases:
-            return f"{n.name} ({n.op}) has no static shape"
+        if n.dims is None and n.cls != OPAQUE and not n.aliases:
+            return f"{n.name} ({n.op}) has no known shape"
     return None
 
 
@@ -39,6 +39,7 @@ def _anchors(g, members, knobs):
 
 
 def _compatible(shape, row):
+    """Equal leading dims: ints by value, symbolic dims when provably equal (relax_utils.SymDim)."""
     return shape is not None and tuple(shape[: len(row)]) == tuple(row)
 
 
@@ -48,7 +49,7 @@ def _reduction_space(g, members, knobs):
         return None
     spaces = {r.name: r.row_space() for r in reds}
     if any(s is None for s in spaces.values()):
-        return "a reduction without a static iteration space"
+        return "a reduction without a known iteration space"
     first = reds[0]
     row, trailing = spaces[first.name]
     for r in reds[1:]:
@@ -61,9 +62,9 @@ def _reduction_space(g, members, knobs):
         n = g.by_idx[i]
         if n.cls == REDUCTION:
             continue
-        ok = _compatible(n.shape, row) if trailing else tuple(n.shape or ()) in (row, tuple(first.shape or ()))
+        ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ()))
         if not ok:
-            return (f"{n.name} ({n.op}, shape {list(n.shape or [])}) does not iterate over the rows "
+            return (f"{n.name} ({n.op}, shape {list(n.dims or [])}) does not iterate over the rows "
                     f"{list(row)} of reduction {first.name}")
     return None
 

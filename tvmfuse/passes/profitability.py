@@ -9,7 +9,7 @@ that only remap its indices) is recomputed once per reduction step: refused unle
 from __future__ import annotations
 
 from ..classify import BROADCAST, COMPUTE, ELEMENTWISE
-from ..relax_utils import tensor_bytes
+from ..relax_utils import planning_bytes
 
 
 def _feeds_anchor(g, merged):
@@ -49,7 +49,7 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
             n = g.by_idx[p]
             if n.cls in (ELEMENTWISE, BROADCAST) and p in upstream:
                 saved -= nbytes  # the producer's read is traded for recomputation, not saved
-    saved += sum(tensor_bytes(v.ty) for v in shared_inputs)
+    saved += sum(planning_bytes(v.ty) for v in shared_inputs)
     if saved <= 0:
         return None, f"not profitable: saves {saved} bytes"
     return saved, None

@@ -1,0 +1,119 @@
+#!/usr/bin/env python
+"""ResNet-50's convolutions one by one: where the conv schedule stands, shape by shape.
+
+  ./dev python scripts/bench_conv.py [--only 19,20,21] [--budget 0.3] [--json PATH]
+
+Each distinct conv of transformers' ResNet-50 at 224x224 (stride on the 3x3, strided 1x1
+projections), built alone with its bias + relu epilogue under tvmfuse (the `cpu.Conv2D` rule, the
+way the model builds it), timed as the median of 5 batches of back-to-back calls. Printed per
+shape: ms, GFLOP/s, and its count in the model, so `count x ms` shows where the model's conv time
+goes; the last line is the count-weighted total. The rule's constants come from the target table
+(schedules/targets.py); TVMFUSE_CPU_<KEY>=N overrides one for an experiment.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+# (in channels, out channels, input size, kernel, stride, count in ResNet-50)
+SHAPES = [
+    (3, 64, 224, 7, 2, 1),  # stem
+    (64, 64, 56, 1, 1, 1), (64, 64, 56, 3, 1, 3), (64, 256, 56, 1, 1, 4), (256, 64, 56, 1, 1, 2),  # layer1
+    (256, 128, 56, 1, 1, 1), (128, 128, 56, 3, 2, 1), (128, 512, 28, 1, 1, 4), (256, 512, 56, 1, 2, 1),
+    (512, 128, 28, 1, 1, 3), (128, 128, 28, 3, 1, 3),  # layer2
+    (512, 256, 28, 1, 1, 1), (256, 256, 28, 3, 2, 1), (256, 1024, 14, 1, 1, 6), (512, 1024, 28, 1, 2, 1),
+    (1024, 256, 14, 1, 1, 5), (256, 256, 14, 3, 1, 5),  # layer3
+    (1024, 512, 14, 1, 1, 1), (512, 512, 14, 3, 2, 1), (512, 2048, 7, 1, 1, 3), (1024, 2048, 14, 1, 2, 1),
+    (2048, 512, 7, 1, 1, 2), (512, 512, 7, 3, 1, 2),  # layer4
+]
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def conv_module(c, oc, h, k, s):
+    from tvm import relax
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, h, h), "float32"))
+    w = relax.const((rng.standard_normal((oc, c, k, k)) * 0.05).astype("float32"))
+    b = relax.const(rng.standard_normal((1, oc, 1, 1)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, w, strides=s, padding=k // 2))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, b)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def median_ms(call, budget):
+    call()
+    t0 = time.perf_counter()
+    call()
+    n = max(3, int(budget / max(time.perf_counter() - t0, 1e-6)))
+    batches = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(n):
+            call()
+        batches.append((time.perf_counter() - t0) / n)
+    return float(np.median(batches)) * 1e3
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--only", default="", help="comma-separated row indices (default: every shape)")
+    ap.add_argument("--budget", type=float, default=0.3, help="seconds per timed batch")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    import tvmfuse
+    from tvmfuse.target import resolve
+
+    target = resolve("llvm")
+    rows = [int(i) for i in args.only.split(",") if i.strip()] or range(len(SHAPES))
+    overrides = {k: v for k, v in os.environ.items() if k.startswith("TVMFUSE_CPU_")}
+    print(f"CPU: {_cpu_name()}; target {target}; threads {os.environ['TVM_NUM_THREADS']}; "
+          f"overrides {overrides or 'none'}")
+    print("| # | conv | out | count | rule | ms | GFLOP/s | count x ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    out, total_ms, total_gf = [], 0.0, 0.0
+    rng = np.random.default_rng(1)
+    for i in rows:
+        c, oc, h, k, s, count = SHAPES[i]
+        compiled = tvmfuse.build(conv_module(c, oc, h, k, s), target, "tvmfuse")
+        rules = sorted({str(f.attrs["tvmfuse.rule"]) for _gv, f in compiled.mod.functions_items()
+                        if getattr(f, "attrs", None) is not None and "tvmfuse.rule" in f.attrs})
+        x = rng.standard_normal((1, c, h, h)).astype("float32")
+        f, xs = compiled.vm()["main"], compiled.convert_inputs([x])
+        ms = median_ms(lambda: f(*xs), args.budget)
+        ho = (h + 2 * (k // 2) - k) // s + 1
+        gflop = 2 * c * oc * k * k * ho * ho / 1e9
+        total_ms += count * ms
+        total_gf += count * gflop
+        row = {"index": i, "in": c, "out": oc, "size": h, "kernel": k, "stride": s, "count": count,
+               "rule": ",".join(rules), "ms": ms, "gflops": gflop / ms * 1e3}
+        out.append(row)
+        print(f"| {i} | {c}->{oc} {k}x{k}/{s} on {h}x{h} | {oc}x{ho}x{ho} | {count} | {row['rule']} | {ms:.3f} "
+              f"| {row['gflops']:.1f} | {count * ms:.2f} |", flush=True)
+    print(f"\ncount-weighted: {total_ms:.2f} ms for {total_gf:.2f} GFLOP = {total_gf / total_ms * 1e3:.1f} GFLOP/s")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"command": " ".join(sys.argv), "cpu": _cpu_name(), "target": str(target),
+                       "overrides": overrides, "rows": out, "total_ms": total_ms}, fh, indent=1)
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
