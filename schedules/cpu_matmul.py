@@ -21,6 +21,7 @@ Packed copies of an operand (a transposed weight) stay separate stages, schedule
 """
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir
 
 from .common import (block_bits, extent, join_tile, lanes, pack_at_build_time, schedule_spatial_block,
@@ -117,6 +118,8 @@ def _is_gemv(sch, block_rv) -> bool:
     last, second = (row_chain.vars_in(rg.min) for rg in (b_ops[0].region[-1], b_ops[0].region[-2]))
     if last != {j} or second != {k}:
         return False
+    if not isinstance(block.iter_vars[-2].dom.extent, tvm.tirx.IntImm):
+        return False  # a symbolic N: the blocked path pads it
     n = int(block.iter_vars[-2].dom.extent)
     panels = -(-n // (lanes(block_bits(sch, block_rv)) * CPU["mm_col_vectors"]))
     if panels < 2 * num_cores():
@@ -136,16 +139,18 @@ def _tile(sch, mm):
         return _tile_gemv(sch, mm)
     *batch, i, j, k = sch.get_loops(mm)
     m, n = extent(sch, i), extent(sch, j)
-    if not n or m == 0 or any(extent(sch, b) is None for b in batch):
+    if m == 0 or n == 0 or any(extent(sch, b) is None for b in batch):
         return None
     v = lanes(block_bits(sch, mm))
     nr, mr = v * CPU["mm_col_vectors"], min(CPU["mm_rows"], m or CPU["mm_rows"])
-    nr = min(nr, -(-n // v) * v)  # a narrow N (10 classes) pads to whole vectors, not a whole tile
-    # a symbolic M (batch x sequence rows) is padded the same way: pad_einsum sizes the zero-filled
-    # copies ceil(M / MR) * MR at run time, and no predicate enters the k loop (3x faster than one)
-    pad_m = m is None or m % mr
-    if pad_m or n % nr:
-        sch.pad_einsum(mm, [1] * len(batch) + [mr if pad_m else 1, nr if n % nr else 1, 1])
+    if n is not None:
+        nr = min(nr, -(-n // v) * v)  # a narrow N (10 classes) pads to whole vectors, not a whole tile
+    # a symbolic M or N (batch x sequence rows, a sequence of keys) is padded the same way:
+    # pad_einsum sizes the zero-filled copies ceil(M / MR) * MR at run time, and no predicate
+    # enters the k loop (measured 3x faster than a predicated tail tile)
+    pad_m, pad_n = m is None or m % mr, n is None or n % nr
+    if pad_m or pad_n:
+        sch.pad_einsum(mm, [1] * len(batch) + [mr if pad_m else 1, nr if pad_n else 1, 1])
         *batch, i, j, k = sch.get_loops(mm)
     i0, i1 = sch.split(i, [None, mr])
     j0, j1 = sch.split(j, [None, nr])
@@ -189,7 +194,8 @@ def _pack_panels(sch, mm):
     else:
         return None  # no [K, N] operand (a transposed weight is packed by its own copy stage)
     nr = extent(sch, sch.get_loops(mm)[-1])  # the micro-kernel's width (the vectorized j1)
-    if int(r.source.shape[-1]) % nr:
+    cols = r.source.shape[-1]
+    if not isinstance(cols, tvm.tirx.IntImm) or int(cols) % nr:  # symbolic N: its padded copy is read as is
         return None
     source = r.source.name
     pack = sch.cache_read(mm, idx, "global")

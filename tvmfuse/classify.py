@@ -30,6 +30,10 @@ COMPUTE_OPS = frozenset(
     f"relax.{n}" for n in ("matmul", "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose",
                            "nn.conv2d_transpose", "nn.conv3d_transpose", "nn.attention",
                            "nn.attention_bias", "einsum", "linear"))
+# Pure data movement by definition. TVM's pattern analysis calls a reshape with a symbolic shape
+# opaque (its index arithmetic divides by a symbolic extent); by its op it is injective.
+LAYOUT_OPS = frozenset(f"relax.{n}" for n in ("reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
+                                               "broadcast_to", "strided_slice", "concat", "split"))
 _PATTERN = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
             7: "kTuple", 8: "kOpaque"}
 
@@ -73,6 +77,9 @@ def classify_call(call: relax.Call) -> tuple[str, str, int | None]:
         return BROADCAST, f"per-channel affine with broadcast operands (TVM: {tvm_says})", pat
     if pat == 2:
         return INJECTIVE, f"data movement only, index remapping (TVM: {tvm_says})", pat
+    if pat == 8 and name in LAYOUT_OPS and out_shape is not None and any(not isinstance(d, int) for d in out_shape):
+        return INJECTIVE, (f"data movement only; TVM says {tvm_says} over its symbolic index arithmetic, "
+                           "the op is a layout op"), 2
     if pat == 3:
         return REDUCTION, f"commutative reduction (TVM: {tvm_says})", pat
     if pat == 4:
