@@ -163,3 +163,34 @@ def test_a_merge_needing_an_unprovable_equality_is_refused():
     ez = np.exp(z - z.max(-1, keepdims=True))
     np.testing.assert_allclose(tvmfuse.build(module(m), "llvm", "tvmfuse")(x, y), ez / ez.sum(-1, keepdims=True),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_bert_tiny_symbolic_sequence_imports_fuses_and_matches_torch():
+    """transformers BERT with torch.export Dim on the sequence: its position-id slice infers
+    min(s, 256), which tighten_shapes simplifies under the Dim's range; one build runs every
+    length, its layers fused as in the static build (attention knob off: the flash kernel needs
+    static shapes), and a length outside the range is a clear InputError."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from torch.export import Dim
+
+    from tvmfuse import models
+    from tvmfuse.errors import InputError
+
+    torch.manual_seed(0)
+    m = models._bert_module()
+    ids = torch.randint(0, 100, (1, 16))
+    mod = tvmfuse.from_torch(m, (ids,), dynamic_shapes={"input_ids": {1: Dim("seq", min=2, max=256)}})
+    dyn = tvmfuse.build(mod, "llvm", "tvmfuse", attention=False)
+    static = tvmfuse.build(tvmfuse.from_torch(m, (ids,)), "llvm", "tvmfuse", attention=False)
+    # every layer fuses as in the static build; the embedding prologue keeps 2 more kernels: the
+    # position-id slice (a folded constant in the static build) and the split at its match_cast
+    assert static.launches <= dyn.launches <= static.launches + 2, (dyn.launches, static.launches)
+    assert "cpu.Fallback" not in _rules(dyn), _rules(dyn)
+    for s in (2, 16, 77, 128):
+        x = torch.randint(0, 100, (1, s))
+        with torch.no_grad():
+            ref = m(x).numpy()
+        np.testing.assert_allclose(dyn(x.numpy()), ref, rtol=1e-4, atol=1e-4)
+    with pytest.raises(InputError, match=r"outside its declared range \[2, 256\]"):
+        dyn(np.zeros((1, 300), "int64"))

@@ -75,6 +75,9 @@ class Compiled:
         main = mod["main"]
         self.params = [(p.name, static_shape(p.ty), p.ty.dtype) for p in main.params]
         self._dims = [_dims(p.ty) for p in main.params]  # ints and symbolic names, checked before TVM
+        # {symbolic dim: (min, max)} the importer declared (torch.export Dims; frontends/common.py)
+        declared = main.attrs.get(RANGES_ATTR) if main.attrs is not None else None
+        self.ranges = {str(k): (int(v[0]), int(v[1])) for k, v in dict(declared or {}).items()}
 
     # ------------------------------------------------------------------ inspection
     def call_sites(self) -> list[str]:
@@ -129,7 +132,7 @@ class Compiled:
         if len(arrays) != len(self.params):
             names = ", ".join(f"{n}{list(s)}:{d}" for n, s, d in self.params)
             raise InputError(f"main takes {len(self.params)} inputs ({names}), got {len(arrays)}")
-        out = []
+        out, bound = [], {}
         for i, (a, (name, shape, dtype)) in enumerate(zip(arrays, self.params)):
             a = np.asarray(a)
             if shape is not None and tuple(a.shape) != shape:
@@ -139,6 +142,7 @@ class Compiled:
                     isinstance(d, int) and d != n for d, n in zip(dims, a.shape))):
                 shown = "[" + ", ".join(str(d) for d in dims) + "]"
                 raise InputError(f"input {i} '{name}': expected shape {shown}, got {list(a.shape)}")
+            self._check_symbolic(i, name, dims, a.shape, bound)
             if str(a.dtype) != dtype:
                 raise InputError(
                     f"input {i} '{name}': expected dtype {dtype}, got {a.dtype} (cast with .astype('{dtype}'))"
@@ -146,6 +150,22 @@ class Compiled:
             # np.ascontiguousarray turns a 0-d array into shape (1,): keep the shape (found by fuzzing)
             out.append(tvm.runtime.tensor(np.ascontiguousarray(a).reshape(a.shape), self.device))
         return out
+
+    def _check_symbolic(self, i, name, dims, shape, bound):
+        """Each symbolic dim (a plain name such as `seq`) takes one value across the inputs, within
+        its declared range: a clear error here instead of a shape assertion inside the VM."""
+        for d, n in zip(dims or (), shape):
+            if not isinstance(d, str) or not d.isidentifier():
+                continue
+            if d in bound and bound[d][0] != n:
+                j, other = bound[d][1:]
+                raise InputError(f"input {i} '{name}': its dim {d} is {n}, but input {j} '{other}' has {d} = "
+                                 f"{bound[d][0]}; inputs that share a symbolic dim must agree on it")
+            bound.setdefault(d, (n, i, name))
+            if d in self.ranges and not self.ranges[d][0] <= n <= self.ranges[d][1]:
+                lo, hi = self.ranges[d]
+                raise InputError(f"input {i} '{name}': dim {d} = {n} is outside its declared range [{lo}, {hi}]; "
+                                 f"import again with a wider torch.export Dim (min={lo}, max={hi} now) or bucket it")
 
     def __call__(self, *arrays):
         args = self.convert_inputs(arrays)
@@ -168,6 +188,9 @@ def cuda_kernels(source: str) -> list[str]:
     """Names of the __global__ kernels DEFINED in CUDA source (each is also declared once: those
     declarations are not counted)."""
     return _KERNEL_DEF.findall(source)
+
+
+RANGES_ATTR = "tvmfuse.ranges"
 
 
 def _dims(ty):

@@ -30,10 +30,12 @@ COMPUTE_OPS = frozenset(
     f"relax.{n}" for n in ("matmul", "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose",
                            "nn.conv2d_transpose", "nn.conv3d_transpose", "nn.attention",
                            "nn.attention_bias", "einsum", "linear"))
-# Pure data movement by definition. TVM's pattern analysis calls a reshape with a symbolic shape
+# Pure data movement by definition (gathers included: each output element reads one input element).
+# TVM's pattern analysis calls a reshape (or take) with a symbolic shape
 # opaque (its index arithmetic divides by a symbolic extent); by its op it is injective.
 LAYOUT_OPS = frozenset(f"relax.{n}" for n in ("reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
-                                               "broadcast_to", "strided_slice", "concat", "split"))
+                                               "broadcast_to", "strided_slice", "concat", "split", "take",
+                                               "gather_elements", "gather_nd"))
 _PATTERN = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
             7: "kTuple", 8: "kOpaque"}
 

@@ -5,6 +5,7 @@ variants start from the same clean graph:
 
   DecomposeOpsForInference  batch_norm(training=False) etc. into plain arithmetic
   CanonicalizeBindings      `t = (a, b, c); y = t[0]` -> `y = a` (literal tuples left by the decomposition)
+  tighten_shapes            symbolic shapes simplified under the exporter's Dim ranges (min(s, 512) -> s)
   FoldConstantsOnce         (passes/fold_constants.py: every constant binding evaluated by one build)
   FoldConstant              shape arithmetic on weights (ONNX Shape/Gather chains, expand_dims of BN
                             statistics) computed once at import instead of per inference
@@ -22,27 +23,38 @@ from ..errors import FrontendError
 from ..relax_utils import static_shape
 
 
-def normalize(mod: tvm.IRModule, fold_constants: bool = True) -> tvm.IRModule:
+def normalize(mod: tvm.IRModule, fold_constants: bool = True, ranges: dict | None = None) -> tvm.IRModule:
+    """`ranges` ({symbolic var name: (min, max)}, from torch.export's Dims) tighten symbolic shapes
+    (tighten_shapes.py) after the bindings are canonical: CanonicalizeBindings crashes (segfault,
+    TVM 0.27) on the match_casts tightening adds, so it runs first."""
     T = relax.transform
-    passes = [T.DecomposeOpsForInference(), T.CanonicalizeBindings()]
-    if fold_constants:  # all at once first (one build), then TVM's own pass for what that declined
-        from ..passes.fold_constants import FoldConstantsOnce
-
-        passes += [FoldConstantsOnce, T.FoldConstant()]
-    passes.append(T.DeadCodeElimination())
     with tvm.transform.PassContext(opt_level=3):
+        mod = tvm.transform.Sequential([T.DecomposeOpsForInference(), T.CanonicalizeBindings()])(mod)
+        if ranges:
+            from ..build import RANGES_ATTR
+            from .tighten_shapes import tighten
+
+            mod = tighten(mod, ranges)
+            mod["main"] = mod["main"].with_attr(RANGES_ATTR, {k: [lo, hi] for k, (lo, hi) in ranges.items()})
+        passes = []
+        if fold_constants:  # all at once first (one build), then TVM's own pass for what that declined
+            from ..passes.fold_constants import FoldConstantsOnce
+
+            passes += [FoldConstantsOnce, T.FoldConstant()]
+        passes.append(T.DeadCodeElimination())
         return tvm.transform.Sequential(passes)(mod)
 
 
-def finish(mod: tvm.IRModule, params: str, do_normalize: bool):
+def finish(mod: tvm.IRModule, params: str, do_normalize: bool, ranges: dict | None = None):
     """The shared tail of the torch and ONNX importers: weights detached as trailing inputs when
-    params == "inputs" (returns (mod, weights)), else kept as constants and folded; normalized."""
+    params == "inputs" (returns (mod, weights)), else kept as constants and folded; normalized
+    (symbolic shapes tightened by `ranges`, see normalize)."""
     weights = None
     if params == "inputs":
         mod, detached = relax.frontend.detach_params(mod)
         weights = [np.asarray(p.numpy()) for p in detached.get("main", [])]
     if do_normalize:
-        mod = normalize(mod, fold_constants=params == "constants")
+        mod = normalize(mod, fold_constants=params == "constants", ranges=ranges)
     return mod if weights is None else (mod, weights)
 
 

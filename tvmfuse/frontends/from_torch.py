@@ -116,4 +116,7 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
     except Exception as err:
         raise FrontendError(f"TVM's Relax torch frontend failed on {type(module).__name__}: "
                             f"{type(err).__name__}: {err}") from err
-    return finish(mod, params, normalize)
+    # symbolic shapes are simplified under the declared Dim ranges (min(s, 512) -> s; tighten_shapes.py)
+    from .tighten_shapes import export_ranges
+
+    return finish(mod, params, normalize, ranges=export_ranges(ep) if dynamic_shapes else None)

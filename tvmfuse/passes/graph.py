@@ -100,10 +100,23 @@ class BlockGraph:
         self.users = {n.idx: set() for n in self.nodes}
         self.producers = {n.idx: set() for n in self.nodes}
         self.external_uses = {n.idx: set() for n in self.nodes}  # vars used outside ops
+        # through[p]: nodes that read p's value through a binding that is not an op (a match_cast
+        # the importer added, an alias): no fusion edge, but an order the cycle check must see
+        self.through = {n.idx: set() for n in self.nodes}
+        via = {}  # var of a non-op binding -> the nodes its value comes from
         for i, bd in enumerate(self.bindings):
             v = bd.value
             user = self.node_of_var.get(bd.var)
-            for fv in relax.analysis.free_vars(v):
+            free = relax.analysis.free_vars(v)
+            if user is None:
+                via[bd.var] = {self.node_of_var[f].idx for f in free if f in self.node_of_var}.union(
+                    *[via[f] for f in free if f in via])
+            else:
+                for f in free:
+                    for p in via.get(f, ()):
+                        if p != user.idx:
+                            self.through[p].add(user.idx)
+            for fv in free:
                 prod = self.node_of_var.get(fv)
                 if prod is None:
                     continue
