@@ -1,5 +1,5 @@
-"""torch.compile(model, backend="tvmfuse") (issue 18, item 5, static shapes): the graphs dynamo
-captures are built by tvmfuse, match eager, and anything tvmfuse cannot take runs eagerly."""
+"""torch.compile(model, backend="tvmfuse") (issue 18, item 5): the graphs dynamo captures, static
+or dynamic=True, are built by tvmfuse and match eager; anything tvmfuse cannot take runs eagerly."""
 import logging
 
 import pytest
@@ -67,12 +67,23 @@ def test_what_tvmfuse_cannot_take_runs_eagerly(caplog):
     assert "left to eager PyTorch" in caplog.text and "not_a_knob" in caplog.text
 
 
-def test_dynamic_graphs_fall_back_to_eager_for_now(caplog):
+def test_dynamic_graphs_compile_once_and_run_every_size():
+    """dynamic=True: dynamo sends one graph with a symbolic batch (and a SymInt input for it);
+    tvmfuse builds it once, symbolic, fused like the static build, and it runs at every size."""
     torch._dynamo.reset()
+    builds = []
     m = Block().eval()
-    cm = torch.compile(m, backend="tvmfuse", dynamic=True)
-    with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
+    cm = torch.compile(m, backend=_counting(builds), dynamic=True)
+    with torch.no_grad():
         for n in (2, 5, 9):
             x = torch.randn(n, 16)
             torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
-    assert "symbolic" in caplog.text or "left to eager" in caplog.text
+    (compiled,) = builds  # one compile for the three sizes
+    assert compiled is not None, "the dynamic graph was left to eager"
+    assert any(not isinstance(d, int) for d in compiled._dims[[p[0] for p in compiled.params].index(
+        next(p[0] for p in compiled.params if p[1] is None))])  # a symbolic input
+    torch._dynamo.reset()
+    static = []
+    with torch.no_grad():
+        torch.compile(m, backend=_counting(static))(torch.randn(5, 16))
+    assert compiled.launches == static[0].launches

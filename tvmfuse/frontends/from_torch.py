@@ -90,7 +90,6 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
                custom_convert_map=None, normalize: bool = True):
     """Import a torch.nn.Module; see the module docstring for the contract."""
     import torch
-    from tvm.relax.frontend.torch import from_exported_program
 
     if not isinstance(module, torch.nn.Module):
         raise FrontendError(f"from_torch expects a torch.nn.Module, got {type(module).__name__}")
@@ -100,13 +99,23 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
         example_inputs = (example_inputs,)
     example_inputs = tuple(example_inputs)
     ep = _export(module.eval(), example_inputs, dynamic_shapes)
+    return from_exported(ep, type(module).__name__, params=params, custom_convert_map=custom_convert_map,
+                         normalize=normalize, dynamic=bool(dynamic_shapes))
+
+
+def from_exported(ep, name: str, *, params: str = "constants", custom_convert_map=None, normalize: bool = True,
+                  dynamic: bool = False):
+    """The tail of from_torch on a torch.export ExportedProgram (also the torch.compile backend's
+    path for dynamic graphs): decompositions, the converter check, TVM's importer, finish."""
+    from tvm.relax.frontend.torch import from_exported_program
+
     ep = ep.run_decompositions()
     convert_map = {**FIXES, **(custom_convert_map or {})}
     missing = unsupported_ops(ep, convert_map)
     if missing:
         where = "; ".join(f"'{op}' in {path}" for op, path in missing)
         raise FrontendError(
-            f"{type(module).__name__}: TVM's Relax torch frontend has no converter for {where}. Rewrite that "
+            f"{name}: TVM's Relax torch frontend has no converter for {where}. Rewrite that "
             "part of the model with supported ops, or pass custom_convert_map={'<op>': fn(node, importer)}"
         )
     try:
@@ -114,9 +123,9 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
             mod = from_exported_program(ep, keep_params_as_input=params == "inputs", unwrap_unit_return_tuple=True,
                                         custom_convert_map=convert_map, run_ep_decomposition=False)
     except Exception as err:
-        raise FrontendError(f"TVM's Relax torch frontend failed on {type(module).__name__}: "
+        raise FrontendError(f"TVM's Relax torch frontend failed on {name}: "
                             f"{type(err).__name__}: {err}") from err
     # symbolic shapes are simplified under the declared Dim ranges (min(s, 512) -> s; tighten_shapes.py)
     from .tighten_shapes import export_ranges
 
-    return finish(mod, params, normalize, ranges=export_ranges(ep) if dynamic_shapes else None)
+    return finish(mod, params, normalize, ranges=export_ranges(ep) if dynamic else None)
