@@ -28,6 +28,7 @@ BINARY = ("add", "multiply", "subtract", "maximum", "minimum", "divide")
 LAYOUT = ("reshape", "permute_dims", "expand_dims", "squeeze", "strided_slice", "concat")
 REDUCE = ("sum", "mean", "max", "min", "softmax", "layer_norm_decomposed", "layer_norm")
 OTHER = ("matmul", "conv2d", "astype")
+SIZED_OPS = frozenset({"reshape", "strided_slice", "conv2d"})  # attributes that name sizes: no symbolic dims
 KINDS = BINARY[:1] + UNARY + BINARY[1:] + LAYOUT + REDUCE + OTHER  # "add" first: the shrink target
 ALL_OPS = sorted({"add", "subtract", "multiply", "divide", "maximum", "minimum", "exp", "tanh", "sigmoid",
                   "relu", "negative", "abs", "sqrt", "rsqrt", "astype", "reshape", "permute_dims",
@@ -142,6 +143,16 @@ def generate(src, max_ops: int = 8, dtypes=DTYPES) -> dict:
     if src.int(0, 3) == 3:  # a quarter of the graphs fuse under non-default knobs
         spec["knobs"] = {"allow_recompute": g.flag(), "multi_output": g.flag(), "stitch_reductions": g.flag(),
                          "sibling": g.flag(), "max_group_size": g.pick((2, 3, 64))}
+    lead = [i["shape"][0] for i in spec["inputs"] if len(i["shape"]) >= 2]
+    # two thirds of the graphs whose ops keep no sizes in their attributes (a quarter of all): the leading
+    # dim symbolic, when its size is nowhere else in the inputs (a dim equal to it by coincidence
+    # would have to stay equal to it) and is not the broadcast size 1
+    if src.int(0, 2) >= 1 and lead and not SIZED_OPS & {o["op"] for o in spec["ops"]}:
+        n = lead[0]
+        elsewhere = [d for i in spec["inputs"] for k, d in enumerate(i["shape"]) if d == n and not (
+            k == 0 and len(i["shape"]) >= 2)]
+        if n > 1 and not elsewhere:
+            spec["symbolic"] = {"n": n, "sizes": [n, n + 3]}  # a second, ragged size from the same build
     return spec
 
 

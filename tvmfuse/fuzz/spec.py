@@ -5,7 +5,9 @@ A spec is JSON-able, so a failing graph can be saved as a regression test and re
     {"inputs":  [{"name": "x0", "shape": [3, 7], "dtype": "float32", "kind": "normal"}, ...],
      "ops":     [{"name": "v0", "op": "add", "args": ["x0", "x1"], "attrs": {}}, ...],
      "outputs": ["v3", "v1"],
-     "knobs":   {"allow_recompute": true, ...}}          # optional: tvmfuse fusion knobs
+     "knobs":   {"allow_recompute": true, ...},          # optional: tvmfuse fusion knobs
+     "symbolic": {"n": 7, "sizes": [7, 10]}}            # optional: axis 0 = 7 of the rank >= 2 inputs
+                                                        # becomes a symbolic dim, checked at each size
 
 An argument is a value name, or a number (a scalar constant of the other operand's dtype). Inputs of
 kind "normal" are uniform in [-2, 2], "positive" ones in [0.5, 2] (divisors). Several outputs give
@@ -68,10 +70,20 @@ def relax_expr(op: str, args: list, attrs: dict, env: dict) -> relax.Expr:
     return simple[op]()
 
 
-def to_module(spec: dict):
-    """The Relax IRModule (one dataflow block in main) for a spec."""
+def input_shape(spec: dict, i: dict, size=None) -> list:
+    """An input's shape; with `size` (an int, or a TIR var for the symbolic build) in place of the
+    spec's symbolic dim: axis 0 of every input of rank >= 2 whose axis 0 is spec["symbolic"]["n"]."""
+    shape = list(i["shape"])
+    sym = spec.get("symbolic")
+    if size is not None and sym and len(shape) >= 2 and shape[0] == sym["n"]:
+        shape[0] = size
+    return shape
+
+
+def to_module(spec: dict, size=None):
+    """The Relax IRModule (one dataflow block in main) for a spec; `size`: see input_shape."""
     bb = relax.BlockBuilder()
-    params = [relax.Var(i["name"], relax.TensorType(i["shape"], i["dtype"])) for i in spec["inputs"]]
+    params = [relax.Var(i["name"], relax.TensorType(input_shape(spec, i, size), i["dtype"])) for i in spec["inputs"]]
     env = {p.name: p for p in params}
     outputs = set(spec["outputs"])
     with GRAPH_LOCK, bb.function("main", params):
@@ -87,12 +99,12 @@ def to_module(spec: dict):
     return bb.get()
 
 
-def make_inputs(spec: dict, seed: int = 0) -> list[np.ndarray]:
+def make_inputs(spec: dict, seed: int = 0, size: int | None = None) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
     for i in spec["inputs"]:
         lo, hi = (0.5, 2.0) if i.get("kind") == "positive" else (-2.0, 2.0)
-        out.append(rng.uniform(lo, hi, size=i["shape"]).astype(i["dtype"]))
+        out.append(rng.uniform(lo, hi, size=input_shape(spec, i, size)).astype(i["dtype"]))
     return out
 
 
