@@ -67,3 +67,14 @@ def test_the_system_after_numpy_waits_for_openblas_to_stop_spinning(monkeypatch)
     sleeps = [i for i, e in enumerate(events) if e.startswith("sleep")]
     assert len(sleeps) == 3 and all(events[i - 1] == "numpy" for i in sleeps)
     assert all(e == f"sleep {bench.BLAS_SPIN_S}" for e in (events[i] for i in sleeps))
+
+
+def test_dynamic_bench_runs_one_symbolic_build_against_static_and_torch_compile(tmp_path):
+    """bench_dynamic on the tiny BERT at one length, one round: the row, its systems, numerics."""
+    from tvmfuse import bench_dynamic
+
+    out = tmp_path / "d.json"
+    assert bench_dynamic.main(["--model", "bert-tiny", "--seqs", "8", "--rounds", "1", "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert set(row["ms"]) == {"tvmfuse dynamic", "tvmfuse static", "torch.compile dyn", "torch eager"}
+    assert all(row["ok"].values()) and row["seq"] == 8

@@ -49,10 +49,21 @@ def add_arguments(ap):
     ap.add_argument("--quick", action="store_true", help="small shapes, 3 rounds of 0.02 s, no roofline")
     ap.add_argument("--json", metavar="PATH", help="write the rows as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write the table as markdown")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="BERT with a symbolic sequence, built once, at 16, 64, 128 and 384 tokens against "
+                         "the static builds and torch.compile(dynamic=True) (tvmfuse/bench_dynamic.py; "
+                         "--workloads bert-tiny for the small config)")
 
 
 def run(args):
     quiet_runtimes()
+    if getattr(args, "dynamic", False):
+        from . import bench_dynamic
+
+        argv = ["--model", "bert-tiny" if args.workloads == "bert-tiny" else "bert-base", "--rounds", str(args.rounds)]
+        argv += ["--json", args.json] if args.json else []
+        argv += ["--markdown", args.markdown] if args.markdown else []
+        return bench_dynamic.main(argv)
     from tqdm import tqdm
 
     from . import bench, workloads

@@ -1,0 +1,14 @@
+#!/usr/bin/env python
+"""BERT with a symbolic sequence, built once, against static builds and torch.compile(dynamic=True)
+(see tvmfuse/bench_dynamic.py; the same as `scripts/bench.py --dynamic`)."""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+if __name__ == "__main__":
+    from tvmfuse import bench_dynamic
+
+    sys.exit(bench_dynamic.main())
