@@ -195,8 +195,13 @@ def _pack_panels(sch, mm):
         return None  # no [K, N] operand (a transposed weight is packed by its own copy stage)
     nr = extent(sch, sch.get_loops(mm)[-1])  # the micro-kernel's width (the vectorized j1)
     cols = r.source.shape[-1]
-    if not isinstance(cols, tvm.tirx.IntImm) or int(cols) % nr:  # symbolic N: its padded copy is read as is
+    if isinstance(cols, tvm.tirx.IntImm) and int(cols) % nr:
         return None
+    if not isinstance(cols, tvm.tirx.IntImm):  # a symbolic N: its padded copy, a provable multiple of NR
+        from tvm.sym import Analyzer
+
+        if not Analyzer().can_prove(tvm.tirx.floormod(cols, nr) == 0):
+            return None
     source = r.source.name
     pack = sch.cache_read(mm, idx, "global")
     sch.transform_layout(pack, ("write", 0), lambda *ax: (*ax[:-2], ax[-1] // nr, ax[-2], ax[-1] % nr))
