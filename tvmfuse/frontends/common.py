@@ -25,8 +25,7 @@ from ..relax_utils import static_shape
 
 def normalize(mod: tvm.IRModule, fold_constants: bool = True, ranges: dict | None = None) -> tvm.IRModule:
     """`ranges` ({symbolic var name: (min, max)}, from torch.export's Dims) tighten symbolic shapes
-    (tighten_shapes.py) after the bindings are canonical: CanonicalizeBindings crashes (segfault,
-    TVM 0.27) on the match_casts tightening adds, so it runs first."""
+    (tighten_shapes.py) once the bindings are canonical."""
     T = relax.transform
     with tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential([T.DecomposeOpsForInference(), T.CanonicalizeBindings()])(mod)

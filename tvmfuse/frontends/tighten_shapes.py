@@ -2,10 +2,11 @@
 
 Contract: `tighten(mod, ranges)` takes the imported module and {symbolic var name: (min, max)}. In
 each binding of `main` whose tensor type has a shape expression that the ranges simplify (the
-analyzer bound with every named var's range), the value is bound as before and then `match_cast`
-to the simplified shape; later bindings read the cast var, so shape inference downstream sees the
-simple shape. Nothing else changes, and the cast holds by the declared ranges (the VM checks it at
-run time anyway).
+analyzer bound with every named var's range), the value is bound as before and then reshaped to the
+simplified shape (the same elements: a view, and an injective op fusion folds into its consumer);
+later bindings read the reshaped var, so shape inference downstream sees the simple shape. Nothing
+else changes; the shapes agree by the declared ranges. (A match_cast would say the same, but TVM
+0.27's CanonicalizeBindings segfaults on it: measured.)
 
 Why: transformers' BERT slices its position-id buffer `[1, 512]` to the sequence length `s`. TVM's
 strided_slice infers `[1, min(s, 512)]`, and the next `add` with a `[1, s, d]` tensor can no longer
@@ -68,8 +69,9 @@ class _Tighten(relax.PyExprMutator):
         else:
             loose = kind(binding.var.name + "_loose", value.ty)
             self.builder_.emit_normalized(relax.VarBinding(loose, value))
-            new = kind(binding.var.name, tight)
-            self.builder_.emit_normalized(relax.MatchCast(new, loose, tight))
+            view = self.builder_.normalize(relax.op.reshape(loose, relax.ShapeExpr(list(tight.shape.values))))
+            new = kind(binding.var.name, view.ty)
+            self.builder_.emit_normalized(relax.VarBinding(new, view))
             self.casts += 1
         self.set_var_remap(binding.var, new)
 
