@@ -17,19 +17,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 
 import numpy as np
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def systems(s, heads, dh, threads):
@@ -72,10 +63,10 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
     from tvmfuse.bench import _time  # the benchmark's own timing loop
-    from tvmfuse.target import host_cpu, runtime_threads
+    from tvmfuse.target import cpu_name, host_cpu, runtime_threads
 
     threads = runtime_threads()
-    cpu = f"{_cpu_name()}, llvm mcpu={host_cpu()}"
+    cpu = f"{cpu_name()}, llvm mcpu={host_cpu()}"
     head = (f"attention, batch 1, {args.heads} heads x {args.head_dim}; {cpu}; {threads} threads for every "
             f"system; medians of {args.rounds} interleaved rounds")
     print(head, file=sys.stderr)

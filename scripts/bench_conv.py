@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 
@@ -32,14 +31,6 @@ SHAPES = [
     (1024, 512, 14, 1, 1, 1), (512, 512, 14, 3, 2, 1), (512, 2048, 7, 1, 1, 3), (1024, 2048, 14, 1, 2, 1),
     (2048, 512, 7, 1, 1, 2), (512, 512, 7, 3, 1, 2),  # layer4
 ]
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def conv_module(c, oc, h, k, s):
@@ -80,12 +71,12 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
     import tvmfuse
-    from tvmfuse.target import resolve
+    from tvmfuse.target import cpu_name, resolve
 
     target = resolve("llvm")
     rows = [int(i) for i in args.only.split(",") if i.strip()] or range(len(SHAPES))
     overrides = {k: v for k, v in os.environ.items() if k.startswith("TVMFUSE_CPU_")}
-    print(f"CPU: {_cpu_name()}; target {target}; threads {os.environ['TVM_NUM_THREADS']}; "
+    print(f"CPU: {cpu_name()}; target {target}; threads {os.environ['TVM_NUM_THREADS']}; "
           f"overrides {overrides or 'none'}")
     print("| # | conv | out | count | rule | ms | GFLOP/s | count x ms |")
     print("|---|---|---|---|---|---|---|---|")
@@ -111,7 +102,7 @@ def main(argv=None) -> int:
     print(f"\ncount-weighted: {total_ms:.2f} ms for {total_gf:.2f} GFLOP = {total_gf / total_ms * 1e3:.1f} GFLOP/s")
     if args.json:
         with open(args.json, "w") as fh:
-            json.dump({"command": " ".join(sys.argv), "cpu": _cpu_name(), "target": str(target),
+            json.dump({"command": " ".join(sys.argv), "cpu": cpu_name(), "target": str(target),
                        "overrides": overrides, "rows": out, "total_ms": total_ms}, fh, indent=1)
     return 0
 

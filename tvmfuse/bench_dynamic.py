@@ -18,20 +18,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
 
 import numpy as np
-
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def _module(name):
@@ -59,7 +50,7 @@ def main(argv=None) -> int:
 
     import tvmfuse
     from tvmfuse.bench import _time
-    from tvmfuse.target import host_cpu, runtime_threads
+    from tvmfuse.target import cpu_name, host_cpu, runtime_threads
 
     threads = runtime_threads()
     torch.set_num_threads(threads)
@@ -74,7 +65,7 @@ def main(argv=None) -> int:
     dyn = tvmfuse.build(dyn_mod, "llvm", "tvmfuse")
     dyn_s = time.perf_counter() - t0
     compiled = torch.compile(model, dynamic=True)
-    head = (f"{args.model}, batch 1; {_cpu_name()}, llvm mcpu={host_cpu()}; {threads} threads for every system; "
+    head = (f"{args.model}, batch 1; {cpu_name()}, llvm mcpu={host_cpu()}; {threads} threads for every system; "
             f"medians of {args.rounds} interleaved rounds; dynamic build (import + build) {dyn_s:.1f} s")
     print(head, file=sys.stderr)
     rows = []

@@ -81,3 +81,14 @@ def resolve(target="llvm", arch: str = "sm_90") -> tvm.target.Target:
 
 def is_gpu(target: tvm.target.Target) -> bool:
     return target.kind.name == "cuda"
+
+
+def cpu_name() -> str:
+    """The host CPU's model name (what every benchmark table names), e.g. "AMD EPYC"."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
