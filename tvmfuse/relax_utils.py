@@ -91,11 +91,6 @@ def dims(ty) -> tuple | None:
     return tuple(int(v) if isinstance(v, tvm.tirx.IntImm) else SymDim(v) for v in ty.shape.values)
 
 
-def is_symbolic(ty) -> bool:
-    d = dims(ty)
-    return d is not None and any(isinstance(x, SymDim) for x in d)
-
-
 def _nominal(dim) -> int:
     if isinstance(dim, int):
         return dim
