@@ -68,10 +68,9 @@ def constant_passes() -> list:
     constant subgraphs evaluated (a transposed weight becomes a constant in the layout it is read),
     inference BatchNorm and other per-channel affine chains folded into conv / matmul weights."""
     from .passes.fold_batch_norm import FoldBatchNorm
-    from .passes.fold_constants import FoldConstantsOnce
+    from .passes.fold_constants import fold_all
 
-    T = relax.transform
-    return [FoldConstantsOnce, T.FoldConstant(), FoldBatchNorm, T.DeadCodeElimination()]
+    return [fold_all(), FoldBatchNorm, relax.transform.DeadCodeElimination()]
 
 
 def graph_passes(fusion: str, knobs: config.Knobs | None = None) -> list:

@@ -37,9 +37,9 @@ def normalize(mod: tvm.IRModule, fold_constants: bool = True, ranges: dict | Non
             mod["main"] = mod["main"].with_attr(RANGES_ATTR, {k: [lo, hi] for k, (lo, hi) in ranges.items()})
         passes = []
         if fold_constants:  # all at once first (one build), then TVM's own pass for what that declined
-            from ..passes.fold_constants import FoldConstantsOnce
+            from ..passes.fold_constants import fold_all
 
-            passes += [FoldConstantsOnce, T.FoldConstant()]
+            passes.append(fold_all())
         passes.append(T.DeadCodeElimination())
         return tvm.transform.Sequential(passes)(mod)
 

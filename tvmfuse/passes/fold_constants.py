@@ -161,3 +161,9 @@ def FoldConstantsOnce(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     if not out:
         return mod
     return tvm.IRModule({**dict(mod.functions_items()), **out}, attrs=mod.attrs)
+
+
+def fold_all() -> tvm.transform.Pass:
+    """Every constant folded: FoldConstantsOnce (one build), then TVM's FoldConstant for what it
+    declined. The one composition the importers, the pipeline and PrepackWeights use."""
+    return tvm.transform.Sequential([FoldConstantsOnce, relax.transform.FoldConstant()], name="tvmfuse.FoldAll")

@@ -66,9 +66,9 @@ def PrepackWeights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     part = T.SplitLayoutRewritePreproc()(part)
     rest = {gv: f for gv, f in mod.functions_items() if gv not in marked and not isinstance(f, relax.Function)}
     mod = tvm.IRModule({**rest, **dict(part.functions_items())}, attrs=mod.attrs)
-    from .fold_constants import FoldConstantsOnce  # every packing in one build, then TVM's pass for the rest
+    from .fold_constants import fold_all  # every packing in one build, then TVM's pass for the rest
 
-    mod = T.Normalize()(_keep_names(T.DeadCodeElimination()(T.FoldConstant()(FoldConstantsOnce(mod)))))
+    mod = T.Normalize()(_keep_names(T.DeadCodeElimination()(fold_all()(mod))))
     # the split-off packing functions, folded away, and the unsplit originals are referenced by no one
     called = {gv for _gv, f in mod.functions_items() if isinstance(f, relax.Function)
               for gv in relax.analysis.all_global_vars(f)}
