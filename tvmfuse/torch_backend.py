@@ -47,7 +47,7 @@ def _input_info(gm, example_inputs):
     for i, (node, t) in enumerate(zip(placeholders, example_inputs)):
         meta = node.meta.get("example_value", t)
         if isinstance(t, (int, torch.SymInt)) or isinstance(meta, torch.SymInt):
-            drop.append(node)  # a size: dropped, or (when the graph computes with it) read off a tensor
+            drop.append(node)  # a size input: dropped (a graph that computes with it runs eagerly)
             continue
         if not isinstance(t, torch.Tensor):
             return None, f"input {i} is a {type(t).__name__}, not a tensor"
