@@ -20,21 +20,42 @@ SPEC_ATTR = "tvmfuse.attention"
 NEG = "T.min_value(\"float32\")"
 
 
+def mul(a, b):
+    """a * b for extents: ints, or TVMScript expressions of the kernel's symbolic variables."""
+    return a * b if isinstance(a, int) and isinstance(b, int) else f"({a} * {b})"
+
+
+def cdiv(a, b: int):
+    """ceil(a / b) for an extent a and a constant b."""
+    return -(-a // b) if isinstance(a, int) else f"(({a} + {b - 1}) // {b})"
+
+
+def minus1(a):
+    return a - 1 if isinstance(a, int) else f"({a} - 1)"
+
+
 @dataclass
 class Spec:
+    """A fused attention's spec with its PrimFunc's parameters. Extents are ints, or the names of
+    the kernel's symbolic variables (`sym0`, ...) where the group has a symbolic batch or sequence:
+    the kernel declares them and binds them from its buffers' shapes (`preamble`)."""
     raw: dict
     params: list  # [(name, shape, dtype)] of the PrimFunc, inputs then the output
+    symbols: tuple = ()  # the symbolic variables' names in the kernel, in order
 
     @property
-    def bh(self) -> int:
-        return math.prod(self.logical("q")[:-2])
+    def bh(self):
+        out = 1
+        for n in self.logical("q")[:-2]:
+            out = mul(out, n)
+        return out
 
     @property
-    def sq(self) -> int:
+    def sq(self):
         return self.logical("q")[-2]
 
     @property
-    def sk(self) -> int:
+    def sk(self):
         k = self.logical("k")
         return k[-1] if self.raw["k_transposed"] else k[-2]
 
@@ -59,28 +80,53 @@ class Spec:
         idx = len(self.params) - 1 if role == "out" else self.raw[role]
         return self.params[idx][0]
 
-    def flops(self) -> int:
-        return 2 * self.bh * self.sq * self.sk * (self.d + self.dv)
+    def flops(self):
+        """The kernel's FLOPs; None when an extent is symbolic."""
+        ext = (self.bh, self.sq, self.sk)
+        return 2 * self.bh * self.sq * self.sk * (self.d + self.dv) if all(isinstance(x, int) for x in ext) else None
 
 
 def read_spec(func):
-    """The Spec of a fused attention PrimFunc, or None when it is not one."""
+    """The Spec of a fused attention PrimFunc, or None when it is not one (or has a compound
+    symbolic extent, which match_attention never lets through)."""
+    import tvm
+
     text = func.attrs.get(SPEC_ATTR) if func.attrs else None
     if text is None:
         return None
-    params = []
+    alias, params = {}, []
     for i, p in enumerate(func.params):
-        buf = p  # TVM 0.27: a PrimFunc parameter is its buffer
-        params.append((f"p{i}", tuple(int(x) for x in buf.shape), str(buf.dtype)))
-    return Spec(json.loads(str(text)), params)
+        shape = []
+        for x in p.shape:  # TVM 0.27: a PrimFunc parameter is its buffer
+            if isinstance(x, tvm.tirx.IntImm):
+                shape.append(int(x))
+            elif isinstance(x, tvm.tirx.Var):
+                shape.append(alias.setdefault(x.name, f"sym{len(alias)}"))
+            else:
+                return None
+        params.append((f"p{i}", tuple(shape), str(p.dtype)))
+    raw = json.loads(str(text))
+
+    def mapped(shape):
+        return [x if isinstance(x, int) else alias[x] for x in shape]
+
+    try:
+        for key in ("q_shape", "k_shape", "v_shape", "out_shape", "score_shape"):
+            raw[key] = mapped(raw[key])
+        for step in raw["steps"]:
+            for ref in step[1:]:
+                ref["shape"] = mapped(ref["shape"])
+    except KeyError:  # a symbolic variable no buffer binds
+        return None
+    return Spec(raw, params, tuple(alias.values()))
 
 
 def _unravel(bh: str, lead: tuple) -> list[str]:
     """Index expressions of the leading dims `lead` (product = BH) for the flat head index `bh`."""
     out, stride = [], 1
     for n in reversed(lead):
-        out.append("0" if n == 1 else f"({bh}) // {stride} % {n}" if stride > 1 else f"({bh}) % {n}")
-        stride *= n
+        out.append("0" if n == 1 else f"({bh}) // {stride} % {n}" if stride != 1 else f"({bh}) % {n}")
+        stride = mul(stride, n)
     return list(reversed(out))
 
 
@@ -103,7 +149,7 @@ def operand(spec: Spec, ref: dict, bh: str, i: str, j: str) -> str:
     if ref["param"] is None:
         return _literal(ref["value"])
     name, shape = spec.params[ref["param"]][0], tuple(ref["shape"])
-    if math.prod(shape) == 1:
+    if all(isinstance(n, int) for n in shape) and math.prod(shape) == 1:
         return f"{name}[{', '.join('0' for _ in shape)}]" if shape else f"{name}[()]"
     ss = tuple(spec.raw["score_shape"])
     coords = _unravel(bh, ss[:-2]) + [i, j]
@@ -139,8 +185,11 @@ def steps(spec: Spec, value: str, bh: str, i: str, j: str) -> str:
 
 
 def kernel(source: str, spec: Spec):
-    """The PrimFunc of a kernel's TVMScript, with its FLOPs stamped (the roofline reads them)."""
-    return _parse(source).with_attr("tvmfuse.flops", spec.flops())
+    """The PrimFunc of a kernel's TVMScript, with its FLOPs stamped when static (the roofline reads
+    them)."""
+    func = _parse(source)
+    flops = spec.flops()
+    return func if flops is None else func.with_attr("tvmfuse.flops", flops)
 
 
 @functools.lru_cache(maxsize=64)
@@ -151,5 +200,19 @@ def _parse(source: str):
     return tvm.script.from_source(source)
 
 
+def _shape_text(shape) -> str:
+    return "(" + ", ".join(str(x) for x in shape) + ("," if len(shape) == 1 else "") + ")"
+
+
 def signature(spec: Spec) -> str:
-    return ", ".join(f'{n}: T.Buffer({tuple(s)!r}, "{d}")' for n, s, d in spec.params)
+    """The kernel's parameters: a buffer per static tensor, a handle per symbolic one."""
+    return ", ".join(f'{n}: T.Buffer({_shape_text(s)}, "{d}")' if all(isinstance(x, int) for x in s)
+                     else f"{n}_h: T.handle" for n, s, d in spec.params)
+
+
+def preamble(spec: Spec, indent: str = "    ") -> str:
+    """The symbolic variables declared and bound from the symbolic tensors' shapes ('' when static)."""
+    lines = [f"{v} = T.int64()" for v in spec.symbols]
+    lines += [f'{n} = T.match_buffer({n}_h, {_shape_text(s)}, "{d}")'
+              for n, s, d in spec.params if not all(isinstance(x, int) for x in s)]
+    return "".join(f"{indent}{line}\n" for line in lines)

@@ -18,7 +18,7 @@ floating-point reassociation (the softmax sum and P·V accumulate block by block
 """
 from __future__ import annotations
 
-from .attention import NEG, index, kernel, read_spec, signature, steps
+from .attention import NEG, cdiv, index, kernel, minus1, mul, preamble, read_spec, signature, steps
 from .rule import ScheduleRule
 from .targets import CPU
 from .vector_math import exp_nonpositive
@@ -31,21 +31,23 @@ def kernel_source(spec, row_vector: int, row_groups: int, keys: int, key_unroll:
     per task (no per-block transpose of K: each K row is read as broadcast scalars), and the running
     max, the exp and the running sum of the online softmax are vertical vector operations."""
     sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
-    row_groups = max(1, min(row_groups, -(-sq // row_vector)))  # short queries (decode): one group
+    if isinstance(sq, int):  # short queries (decode): one group
+        row_groups = max(1, min(row_groups, -(-sq // row_vector)))
     block = row_vector * row_groups
     keys = max(key_unroll, keys // key_unroll * key_unroll)
-    nq, nk = -(-sq // block), -(-sk // keys)
+    nq, nk = cdiv(sq, block), cdiv(sk, keys)
+    sq1, sk1 = minus1(sq), minus1(sk)
     chunk = next((c for c in (out_chunk, out_chunk // 2, 8, 4, 1) if c and dv % c == 0), 1)
     pv_rows = pv_rows if block % pv_rows == 0 else 1
     bh, q0 = f"t // {nq}", f"t % {nq} * {block}"
-    key = f"T.min(jb * {keys} + j, {sk - 1})"
-    kk = f"T.min(jb * {keys} + jg * {key_unroll} + jj, {sk - 1})"
-    score = steps(spec, "st[j, i]", bh, f"T.min({q0} + i, {sq - 1})", key)
+    key = f"T.min(jb * {keys} + j, {sk1})"
+    kk = f"T.min(jb * {keys} + jg * {key_unroll} + jj, {sk1})"
+    score = steps(spec, "st[j, i]", bh, f"T.min({q0} + i, {sq1})", key)
     return f'''
 @T.prim_func
 def main({signature(spec)}):
     T.func_attr({{"global_symbol": "main", "tirx.noalias": True}})
-    for t in T.parallel({spec.bh * nq}):
+{preamble(spec)}    for t in T.parallel({mul(spec.bh, nq)}):
         m = T.decl_buffer(({block},), "float32", scope="local")
         l = T.decl_buffer(({block},), "float32", scope="local")
         mn = T.decl_buffer(({block},), "float32", scope="local")
@@ -54,7 +56,7 @@ def main({signature(spec)}):
         st = T.decl_buffer(({keys}, {block}), "float32", scope="local")
         qt = T.decl_buffer(({d}, {block}), "float32", scope="local")
         for i, c in T.grid({block}, {d}):
-            qt[c, i] = {index(spec, "q", bh, f"T.min({q0} + i, {sq - 1})", "c")}
+            qt[c, i] = {index(spec, "q", bh, f"T.min({q0} + i, {sq1})", "c")}
         for i in T.vectorized({block}):
             m[i] = {NEG}
             l[i] = T.float32(0)

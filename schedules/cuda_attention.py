@@ -12,25 +12,27 @@ Global traffic is O(N·d): Q, K, V and the mask read once per row block, O writt
 """
 from __future__ import annotations
 
-from .attention import NEG, index, kernel, read_spec, signature, steps
+from .attention import NEG, cdiv, index, kernel, minus1, mul, preamble, read_spec, signature, steps
 from .rule import ScheduleRule
 from .targets import CUDA
 
 
 def kernel_source(spec, rows: int, keys: int) -> str:
     sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
-    rows = min(rows, max(CUDA["warp"], -(-sq // CUDA["warp"]) * CUDA["warp"]))
-    nq, nk = -(-sq // rows), -(-sk // keys)
-    bh, row = f"bx // {nq}", f"T.min(bx % {nq} * {rows} + tx, {sq - 1})"
+    if isinstance(sq, int):  # short queries (decode): one warp's worth of rows
+        rows = min(rows, max(CUDA["warp"], -(-sq // CUDA["warp"]) * CUDA["warp"]))
+    nq, nk = cdiv(sq, rows), cdiv(sk, keys)
+    sk1 = minus1(sk)
+    bh, row = f"bx // {nq}", f"T.min(bx % {nq} * {rows} + tx, {minus1(sq)})"
     kload = -(-keys * d // rows)
     vload = -(-keys * dv // rows)
-    key = f"T.min(jb * {keys} + j, {sk - 1})"
+    key = f"T.min(jb * {keys} + j, {sk1})"
     score = steps(spec, "sc[j]", bh, row, key)
     return f'''
 @T.prim_func
 def main({signature(spec)}):
     T.func_attr({{"global_symbol": "main", "tirx.noalias": True}})
-    bx = T.launch_thread("blockIdx.x", {spec.bh * nq})
+{preamble(spec)}    bx = T.launch_thread("blockIdx.x", {mul(spec.bh, nq)})
     tx = T.launch_thread("threadIdx.x", {rows})
     ks = T.decl_buffer(({keys}, {d}), "float32", scope="shared")
     vs = T.decl_buffer(({keys}, {dv}), "float32", scope="shared")
@@ -47,10 +49,10 @@ def main({signature(spec)}):
     for jb in range({nk}):
         for u in range({kload}):
             if u * {rows} + tx < {keys * d}:
-                ks[(u * {rows} + tx) // {d}, (u * {rows} + tx) % {d}] = {index(spec, "k", bh, f"T.min(jb * {keys} + (u * {rows} + tx) // {d}, {sk - 1})", f"(u * {rows} + tx) % {d}")}
+                ks[(u * {rows} + tx) // {d}, (u * {rows} + tx) % {d}] = {index(spec, "k", bh, f"T.min(jb * {keys} + (u * {rows} + tx) // {d}, {sk1})", f"(u * {rows} + tx) % {d}")}
         for u in range({vload}):
             if u * {rows} + tx < {keys * dv}:
-                vs[(u * {rows} + tx) // {dv}, (u * {rows} + tx) % {dv}] = {index(spec, "v", bh, f"T.min(jb * {keys} + (u * {rows} + tx) // {dv}, {sk - 1})", f"(u * {rows} + tx) % {dv}")}
+                vs[(u * {rows} + tx) // {dv}, (u * {rows} + tx) % {dv}] = {index(spec, "v", bh, f"T.min(jb * {keys} + (u * {rows} + tx) // {dv}, {sk1})", f"(u * {rows} + tx) % {dv}")}
         T.tvm_storage_sync("shared")
         r[2] = r[0]
         for j in T.unroll({keys}):

@@ -198,3 +198,81 @@ def test_an_operand_inside_the_match_is_refused():
         bb.emit_func_output(o)
     c = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
     assert not _attention_kernels(c)
+
+
+def _symbolic_attention(heads=2, dh=16):
+    """Attention over a symbolic batch b and sequence s, with a [b, 1, 1, s] additive mask."""
+    from tvm.script import ir as I, relax as RS, tirx as T
+
+    dm = heads * dh
+
+    @I.ir_module
+    class Mod:
+        @RS.function
+        def main(q: RS.Tensor(("b", "s", dm), "float32"), k: RS.Tensor(("b", "s", dm), "float32"),
+                 v: RS.Tensor(("b", "s", dm), "float32"), mask: RS.Tensor(("b", 1, 1, "s"), "float32")):
+            b, s = T.int64(), T.int64()
+            with RS.dataflow():
+                qh = RS.permute_dims(RS.reshape(q, RS.shape([b, s, heads, dh])), [0, 2, 1, 3])
+                kt = RS.permute_dims(RS.reshape(k, RS.shape([b, s, heads, dh])), [0, 2, 3, 1])
+                vh = RS.permute_dims(RS.reshape(v, RS.shape([b, s, heads, dh])), [0, 2, 1, 3])
+                sc = RS.add(RS.multiply(RS.matmul(qh, kt), RS.const(dh ** -0.5, "float32")), mask)
+                o = RS.matmul(RS.nn.softmax(sc, axis=-1), vh)
+                out = RS.reshape(RS.permute_dims(o, [0, 2, 1, 3]), RS.shape([b, s, dm]))
+                RS.output(out)
+            return out
+
+    def ref(q, k, v, mask):
+        b, s, _ = q.shape
+        th = lambda t: t.reshape(b, s, heads, dh).transpose(0, 2, 1, 3)  # noqa: E731
+        sc = th(q) @ th(k).transpose(0, 1, 3, 2) * np.float32(dh ** -0.5) + mask
+        e = np.exp(sc - sc.max(-1, keepdims=True))
+        return ((e / e.sum(-1, keepdims=True)) @ th(v)).transpose(0, 2, 1, 3).reshape(b, s, dm)
+
+    return Mod, ref
+
+
+def test_symbolic_batch_and_sequence_is_one_kernel_at_every_size():
+    """One build over a symbolic batch and sequence: one flash-attention kernel (llvm; CUDA
+    compiles to one __global__), right at ragged sizes including 1 and a 1000-token sequence."""
+    mod, ref = _symbolic_attention()
+    c = tvmfuse.build(mod, "llvm", "tvmfuse")
+    assert c.launches == 1 and _rules(c) == {"fused_attention": "cpu.Attention"}
+    rng = np.random.default_rng(0)
+    for b, s in ((1, 1), (2, 7), (1, 128), (1, 1000)):
+        q, k, v = (rng.standard_normal((b, s, 32)).astype("float32") for _ in range(3))
+        mask = np.where(rng.random((b, 1, 1, s)) < 0.2, -1e4, 0.0).astype("float32")
+        np.testing.assert_allclose(c(q, k, v, mask), ref(q, k, v, mask), rtol=1e-4, atol=1e-5)
+    cu = tvmfuse.build(mod, "cuda", "tvmfuse")
+    assert cu.launches == 1 and cu.kernels_per_func() == {"fused_attention": 1}
+
+
+def test_a_compound_symbolic_dim_is_not_fused_as_attention(caplog):
+    """The kernel binds bare symbolic variables from its buffers; a sequence of `2 * s` (a concat
+    of two halves, say) stays on the ordinary path, with the reason logged."""
+    from tvm.script import ir as I, relax as RS, tirx as T
+
+    @I.ir_module
+    class Mod:
+        @RS.function
+        def main(q: RS.Tensor((1, 2, "s", 8), "float32"), k: RS.Tensor((1, 2, "s", 8), "float32"),
+                 v: RS.Tensor((1, 2, "s", 8), "float32")):
+            s = T.int64()
+            with RS.dataflow():
+                kk = RS.concat([k, k], axis=2)
+                vv = RS.concat([v, v], axis=2)
+                p = RS.nn.softmax(RS.matmul(q, RS.permute_dims(kk, [0, 1, 3, 2])), axis=-1)
+                o = RS.matmul(p, vv)
+                RS.output(o)
+            return o
+
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        c = tvmfuse.build(Mod, "llvm", "tvmfuse")
+    assert not _attention_kernels(c)
+    assert "compound symbolic dim" in caplog.text
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((1, 2, 5, 8)).astype("float32") for _ in range(3))
+    kk, vv = np.concatenate([k, k], 2), np.concatenate([v, v], 2)
+    sc = q @ kk.transpose(0, 1, 3, 2)
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    np.testing.assert_allclose(c(q, k, v), (e / e.sum(-1, keepdims=True)) @ vv, rtol=1e-4, atol=1e-5)

@@ -108,20 +108,17 @@ def _block_ref(x, wq, wk, wv, w1, w2, g, b):
 
 @pytest.mark.parametrize("attention", [False, True])
 def test_transformer_block_symbolic_sequence(attention):
-    """With the attention knob off both builds take the same path and launch alike. With it on,
-    the static build's attention becomes one flash kernel, which needs static shapes: the symbolic
-    build keeps the unfused attention (a logged miss), so it launches more; both stay right."""
+    """Both builds take the same path and launch alike, with or without the flash-attention kernel
+    (with it, the symbolic build's attention is one kernel over the symbolic sequence too)."""
     rng = np.random.default_rng(1)
     ws = [(rng.standard_normal(sh) * 0.2).astype(F32) for sh in [(64, 64)] * 3 + [(64, 256), (256, 64)]]
     ws += [rng.standard_normal(64).astype(F32), rng.standard_normal(64).astype(F32)]
     dyn = tvmfuse.build(Block, "llvm", "tvmfuse", attention=attention)
     static = tvmfuse.build(_static(Block, s=128), "llvm", "tvmfuse", attention=attention)
-    if attention:
-        assert dyn.launches >= static.launches
-    else:
-        assert dyn.launches == static.launches
+    assert dyn.launches == static.launches
     assert dyn.launches < tvmfuse.build(Block, "llvm", "tvm").launches
     assert "cpu.Fallback" not in _rules(dyn), _rules(dyn)
+    assert _rules(dyn).count("cpu.Attention") == (1 if attention else 0)
     for s in (1, 7, 33, 128):
         x = rng.standard_normal((1, s, 64)).astype(F32)
         np.testing.assert_allclose(dyn(x, *ws), _block_ref(x, *ws), rtol=1e-3, atol=1e-3)
@@ -168,8 +165,8 @@ def test_a_merge_needing_an_unprovable_equality_is_refused():
 def test_bert_tiny_symbolic_sequence_imports_fuses_and_matches_torch():
     """transformers BERT with torch.export Dim on the sequence: its position-id slice infers
     min(s, 256), which tighten_shapes simplifies under the Dim's range; one build runs every
-    length, its layers fused as in the static build (attention knob off: the flash kernel needs
-    static shapes), and a length outside the range is a clear InputError."""
+    length, its layers fused as in the static build (one flash-attention kernel per layer over the
+    symbolic sequence), and a length outside the range is a clear InputError."""
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     from torch.export import Dim
@@ -181,12 +178,14 @@ def test_bert_tiny_symbolic_sequence_imports_fuses_and_matches_torch():
     m = models._bert_module()
     ids = torch.randint(0, 100, (1, 16))
     mod = tvmfuse.from_torch(m, (ids,), dynamic_shapes={"input_ids": {1: Dim("seq", min=2, max=256)}})
-    dyn = tvmfuse.build(mod, "llvm", "tvmfuse", attention=False)
-    static = tvmfuse.build(tvmfuse.from_torch(m, (ids,)), "llvm", "tvmfuse", attention=False)
+    dyn = tvmfuse.build(mod, "llvm", "tvmfuse")
+    static = tvmfuse.build(tvmfuse.from_torch(m, (ids,)), "llvm", "tvmfuse")
     # every layer fuses as in the static build; the embedding prologue fuses one kernel more (the
     # static build's arange is opaque to TVM's pattern analysis)
     assert dyn.launches <= static.launches, (dyn.launches, static.launches)
-    assert "cpu.Fallback" not in _rules(dyn), _rules(dyn)
+    rules = _rules(dyn)
+    assert "cpu.Fallback" not in rules, rules
+    assert rules.count("cpu.Attention") == 2 == _rules(static).count("cpu.Attention"), rules
     for s in (2, 16, 77, 128):
         x = torch.randint(0, 100, (1, s))
         with torch.no_grad():

@@ -21,6 +21,7 @@ from tvm import relax, te
 
 from .. import config
 from ..plan import FUNC_ATTR, MODULE_ATTR, Group, Plan, group_kind
+from ..relax_utils import dims
 from ..te_compose import NotComposable, OpToTE
 from . import match_attention
 from .plan_fusion import plan
@@ -121,7 +122,7 @@ def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set):
         if members[0] in p.attention:  # the schedule rules write its online-softmax kernel from this
             try:
                 pf = pf.with_attr(match_attention.SPEC_ATTR, match_attention.spec(
-                    p.attention[members[0]], inputs, [int(x) for x in outs[0].ty.shape.values]))
+                    p.attention[members[0]], inputs, dims(outs[0].ty)))
             except ValueError as err:
                 grp.te_refused = f"attention spec: {err}"
                 log.info("group %s left unfused: %s", grp.names, grp.te_refused)

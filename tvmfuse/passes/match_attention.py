@@ -9,8 +9,10 @@ of nodes that together compute one attention, whatever its spelling:
     that broadcasts to the scores) or a `where(cond, scores, fill)` with a scalar fill;
   - softmax over the last axis;
   - the matmul with V (P possibly reshaped/broadcast first), and reshapes of its result.
-Every value inside the match is used only inside it (the score matrix is never written); shapes
-are static and float32. Anything else is not a match: near misses come back in `misses` with
+Every value inside the match is used only inside it (the score matrix is never written); tensors
+are float32, and their dims constants or bare symbolic variables (a symbolic batch or sequence:
+extents compare by provable equality, relax_utils.SymDim; the kernel binds the variables from its
+buffers' shapes). Anything else is not a match: near misses come back in `misses` with
 their reason and are logged on `tvmfuse.fusion`; their ops stay on the ordinary fusion path.
 
 A match becomes one group (legality.py lets it hold two anchors and a reduction: the flash
@@ -30,7 +32,7 @@ from tvm import relax
 
 from schedules.attention import SPEC_ATTR  # the rules read what this module writes
 
-from ..relax_utils import static_shape
+from ..relax_utils import SymDim, dims, static_shape
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -78,7 +80,7 @@ class _Walk:
         """`expr` = permute_dims(reshape(x, [B, S, H, D]), perm), both single-use, x [B, S, H*D]: the
         head split of every transformer. Absorbs both; -> (x, H). Else (expr, None)."""
         p = self.node(expr)
-        if p is None or p.op != "permute_dims" or not self.private(p) or p.shape is None or len(p.shape) != 4:
+        if p is None or p.op != "permute_dims" or not self.private(p) or p.dims is None or len(p.dims) != 4:
             return expr, None
         if p.call.attrs.axes is None or [int(a) for a in p.call.attrs.axes] != perm:
             return expr, None
@@ -86,8 +88,8 @@ class _Walk:
         if r is None or r.op != "reshape" or not self.private(r):
             return expr, None
         x = r.call.args[0]
-        xs, (b, s, h, d) = static_shape(x.ty), r.shape
-        if xs is None or tuple(xs) != (b, s, h * d):
+        xs, (b, s, h, d) = dims(x.ty), r.dims
+        if xs is None or not isinstance(h, int) or not isinstance(d, int) or tuple(xs) != (b, s, h * d):
             return expr, None
         members |= {p.idx, r.idx}
         return x, h
@@ -110,7 +112,7 @@ class _Walk:
             if n is None or not self.private(n) or n.op not in ("reshape", "broadcast_to"):
                 return expr
             src = n.call.args[0]
-            if n.op == "broadcast_to" and static_shape(src.ty) != n.shape:
+            if n.op == "broadcast_to" and dims(src.ty) != n.dims:
                 return expr  # a real broadcast (grouped-query heads): not a view
             members.add(n.idx)
             expr = src
@@ -119,9 +121,9 @@ class _Walk:
 def _match(g, sm):
     """(AttentionMatch, None) or (None, reason) for the softmax node `sm`."""
     w = _Walk(g)
-    shape = sm.shape
+    shape = sm.dims
     if shape is None or len(shape) < 2:
-        return None, "softmax without a static shape of rank >= 2"
+        return None, "softmax without a known shape of rank >= 2"
     axis = int(sm.call.attrs.axis)
     if axis % len(shape) != len(shape) - 1:
         return None, f"softmax over axis {axis}, not the key axis (the last)"
@@ -151,16 +153,16 @@ def _match(g, sm):
         elif p.op == "add" and not any(s[0] in ("add", "where") for s in steps):
             on_left = w.reaches_matmul(args[0]) or not w.reaches_matmul(args[1])
             scores, mask = (args[0], args[1]) if on_left else (args[1], args[0])
-            if static_shape(scores.ty) != p.shape:
+            if dims(scores.ty) != p.dims:
                 return None, f"{p.name} (add) broadcasts the scores"
             steps.append(("add", mask))
-            score_shape = p.shape
+            score_shape = p.dims
             cur = scores
         elif p.op == "where" and not any(s[0] in ("add", "where") for s in steps) and _is_scalar(args[2]):
-            if static_shape(args[1].ty) != p.shape:
+            if dims(args[1].ty) != p.dims:
                 return None, f"{p.name} (where) broadcasts the scores"
             steps.append(("where", args[0], args[2]))
-            score_shape = p.shape
+            score_shape = p.dims
             cur = args[1]
         else:
             return None, f"{p.name} ({p.op}) between the score matmul and the softmax"
@@ -170,7 +172,7 @@ def _match(g, sm):
         if not w.private(cur):
             return None, f"{cur.name} ({cur.op}) is also used outside the attention (the probabilities would be written)"
         u = g.by_idx[next(iter(g.users[cur.idx]))]
-        if u.op in ("reshape", "broadcast_to") and (u.op == "reshape" or static_shape(u.call.args[0].ty) == u.shape):
+        if u.op in ("reshape", "broadcast_to") and (u.op == "reshape" or dims(u.call.args[0].ty) == u.dims):
             members.add(u.idx)
             cur = u
             continue
@@ -196,20 +198,20 @@ def _match(g, sm):
     k_transposed = heads["k"] is None
     kn = w.node(kt)
     if k_transposed and kn is not None and kn.op == "permute_dims" and w.private(kn):
-        rank = len(kn.shape)
+        rank = len(kn.dims)
         axes = [int(a) for a in kn.call.attrs.axes] if kn.call.attrs.axes is not None else None
         if axes == list(range(rank - 2)) + [rank - 1, rank - 2]:
             members.add(kn.idx)
             k, k_transposed = w.see_through(kn.call.args[0], members), False
             k, heads["k"] = w.heads_split(k, members, [0, 2, 1, 3])
     heads["out"] = None
-    if w.private(out) and out.shape is not None and len(out.shape) == 4:  # merge the heads back
+    if w.private(out) and out.dims is not None and len(out.dims) == 4:  # merge the heads back
         p = g.by_idx[next(iter(g.users[out.idx]))]
         if p.op == "permute_dims" and p.call.attrs.axes is not None and \
                 [int(a) for a in p.call.attrs.axes] == [0, 2, 1, 3] and w.private(p):
             r = g.by_idx[next(iter(g.users[p.idx]))]
-            b, h, s, d = out.shape
-            if r.op == "reshape" and tuple(r.shape or ()) == (b, s, h * d):
+            b, h, s, d = out.dims
+            if r.op == "reshape" and isinstance(h, int) and isinstance(d, int) and tuple(r.dims or ()) == (b, s, h * d):
                 members |= {p.idx, r.idx}
                 out, heads["out"] = r, h
     heads = {k_: h for k_, h in heads.items() if h is not None}
@@ -222,12 +224,28 @@ def _match(g, sm):
     return (None, why) if why else (m, None)
 
 
+def _prod(ds):
+    """The product of dims (ints and SymDims): an int when all are static, else a SymDim."""
+    out = 1
+    for d in ds:
+        out = out * (d.expr if isinstance(d, SymDim) else d)
+    return out if isinstance(out, int) else SymDim(out)
+
+
+def _bare(d) -> bool:
+    """A dim the kernel can take: a constant, or one symbolic variable (`seq`, not `seq * 2`), which
+    the kernel binds from its buffer's shape."""
+    return isinstance(d, int) or isinstance(d.expr, tvm.tirx.Var)
+
+
 def _check_shapes(m: AttentionMatch):
-    shapes = {name: static_shape(e.ty) if isinstance(e.ty, relax.TensorType) else None
+    shapes = {name: dims(e.ty) if isinstance(e.ty, relax.TensorType) else None
               for name, e in (("Q", m.q), ("K", m.k), ("V", m.v), ("O", m.out))}
     for name, s in shapes.items():
         if s is None or not 2 <= len(s) <= 4:
-            return f"{name} has no static shape of rank 2 to 4"
+            return f"{name} has no known shape of rank 2 to 4"
+        if not all(_bare(d) for d in s):
+            return f"{name} has a compound symbolic dim {[str(d) for d in s]}: the kernel binds only bare variables"
     for name, e in (("Q", m.q), ("K", m.k), ("V", m.v)):
         if e.ty.dtype != "float32":
             return f"{name} is {e.ty.dtype}: the attention kernel is float32"
@@ -239,18 +257,20 @@ def _check_shapes(m: AttentionMatch):
     (Q, K, V, O) = (shapes[n] for n in "QKVO")
     sq, d = Q[-2:]
     sk, dk = (K[-1], K[-2]) if m.k_transposed else (K[-2], K[-1])
+    if not isinstance(d, int) or not isinstance(V[-1], int):
+        return f"a symbolic head dim: Q {list(Q)}, V {list(V)} (the kernel keeps a row of D in registers)"
     if dk != d or V[-2] != sk or tuple(O[-2:]) != (sq, V[-1]):
         return f"shapes do not chain: Q {list(Q)}, K {list(K)}, V {list(V)}, O {list(O)}"
-    heads = {n: math.prod(s[:-2]) for n, s in shapes.items()}
-    if len(set(heads.values())) != 1:
+    heads = {n: _prod(s[:-2]) for n, s in shapes.items()}
+    if any(h != heads["Q"] for h in heads.values()):
         return f"batch x heads differ: {heads} (broadcast heads are not fused yet)"
-    if tuple(m.score_shape[-2:]) != (sq, sk) or math.prod(m.score_shape[:-2]) != heads["Q"]:
+    if tuple(m.score_shape[-2:]) != (sq, sk) or _prod(m.score_shape[:-2]) != heads["Q"]:
         return f"the masked scores {list(m.score_shape)} are not [.., {sq}, {sk}]"
     for step in m.steps:
         for e in step[1:]:
-            s = static_shape(e.ty) if isinstance(e.ty, relax.TensorType) else None
+            s = dims(e.ty) if isinstance(e.ty, relax.TensorType) else None
             if s is None or len(s) > len(m.score_shape) or any(
-                    a not in (1, b) for a, b in zip(s[::-1], m.score_shape[::-1])):
+                    a not in (1, b) for a, b in zip(s[::-1], m.score_shape[::-1])) or not all(_bare(a) for a in s):
                 return f"a {step[0]} operand of shape {s} does not broadcast to the scores {list(m.score_shape)}"
     return None
 
@@ -273,6 +293,11 @@ def find(g):
     return matches, misses
 
 
+def _json_dim(d):
+    """A dim in the spec: an int, or the name of its symbolic variable (the kernel binds it)."""
+    return d if isinstance(d, int) else str(d.expr.name)
+
+
 def spec(m: AttentionMatch, sources: list, out_shape) -> str:
     """The `tvmfuse.attention` attribute of the group's PrimFunc: which parameter is which (by
     position; `sources` are the Relax exprs of its inputs, in order) and the score steps."""
@@ -285,10 +310,10 @@ def spec(m: AttentionMatch, sources: list, out_shape) -> str:
             return {"param": None, "value": value}
         raise ValueError(f"attention operand {expr} is no input of the group")
 
-    shape = lambda e: list(static_shape(e.ty))
+    shape = lambda e: [_json_dim(x) for x in dims(e.ty)]
     return json.dumps({
         "q": ref(m.q)["param"], "k": ref(m.k)["param"], "v": ref(m.v)["param"],
-        "q_shape": shape(m.q), "k_shape": shape(m.k), "v_shape": shape(m.v), "out_shape": list(out_shape),
-        "k_transposed": m.k_transposed, "score_shape": list(m.score_shape), "heads": m.heads,
+        "q_shape": shape(m.q), "k_shape": shape(m.k), "v_shape": shape(m.v), "out_shape": [_json_dim(x) for x in out_shape],
+        "k_transposed": m.k_transposed, "score_shape": [_json_dim(x) for x in m.score_shape], "heads": m.heads,
         "steps": [[kind] + [dict(ref(e), shape=shape(e)) for e in exprs] for kind, *exprs in m.steps],
     })
