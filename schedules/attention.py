@@ -212,7 +212,7 @@ def signature(spec: Spec) -> str:
 
 def preamble(spec: Spec, indent: str = "    ") -> str:
     """The symbolic variables declared and bound from the symbolic tensors' shapes ('' when static)."""
-    lines = [f"{v} = T.int64()" for v in spec.symbols]
+    lines = [f"{v} = T.int32()" for v in spec.symbols]
     lines += [f'{n} = T.match_buffer({n}_h, {_shape_text(s)}, "{d}")'
               for n, s, d in spec.params if not all(isinstance(x, int) for x in s)]
     return "".join(f"{indent}{line}\n" for line in lines)

@@ -39,7 +39,10 @@ def kernel_source(spec, row_vector: int, row_groups: int, keys: int, key_unroll:
     sq1, sk1 = minus1(sq), minus1(sk)
     chunk = next((c for c in (out_chunk, out_chunk // 2, 8, 4, 1) if c and dv % c == 0), 1)
     pv_rows = pv_rows if block % pv_rows == 0 else 1
-    bh, q0 = f"t // {nq}", f"t % {nq} * {block}"
+    if isinstance(spec.bh, int):  # heads innermost: every index divides by constants only
+        bh, q0 = f"t % {spec.bh}", f"t // {spec.bh} * {block}"
+    else:  # a symbolic batch: query blocks innermost (a symbolic sequence as well divides by nq)
+        bh, q0 = f"t // {nq}", f"t % {nq} * {block}"
     key = f"T.min(jb * {keys} + j, {sk1})"
     kk = f"T.min(jb * {keys} + jg * {key_unroll} + jj, {sk1})"
     score = steps(spec, "st[j, i]", bh, f"T.min({q0} + i, {sq1})", key)
@@ -55,6 +58,8 @@ def main({signature(spec)}):
         acc = T.decl_buffer(({block}, {dv}), "float32", scope="local")
         st = T.decl_buffer(({keys}, {block}), "float32", scope="local")
         qt = T.decl_buffer(({d}, {block}), "float32", scope="local")
+        sa = T.decl_buffer(({key_unroll}, {row_vector}), "float32", scope="local")
+        pa = T.decl_buffer(({pv_rows}, {chunk}), "float32", scope="local")
         for i, c in T.grid({block}, {d}):
             qt[c, i] = {index(spec, "q", bh, f"T.min({q0} + i, {sq1})", "c")}
         for i in T.vectorized({block}):
@@ -67,11 +72,14 @@ def main({signature(spec)}):
                 for jg in range({keys // key_unroll}):
                     for jj in T.unroll({key_unroll}):
                         for i in T.vectorized({row_vector}):
-                            st[jg * {key_unroll} + jj, g * {row_vector} + i] = T.float32(0)
+                            sa[jj, i] = T.float32(0)
                     for c in range({d}):
                         for jj in T.unroll({key_unroll}):
                             for i in T.vectorized({row_vector}):
-                                st[jg * {key_unroll} + jj, g * {row_vector} + i] = st[jg * {key_unroll} + jj, g * {row_vector} + i] + {index(spec, "k", bh, kk, "c")} * qt[c, g * {row_vector} + i]
+                                sa[jj, i] = sa[jj, i] + {index(spec, "k", bh, kk, "c")} * qt[c, g * {row_vector} + i]
+                    for jj in T.unroll({key_unroll}):
+                        for i in T.vectorized({row_vector}):
+                            st[jg * {key_unroll} + jj, g * {row_vector} + i] = sa[jj, i]
             for j in range({keys}):
                 for i in T.vectorized({block}):
                     st[j, i] = T.if_then_else(jb * {keys} + j < {sk}, {score}, {NEG})
@@ -88,15 +96,18 @@ def main({signature(spec)}):
                 for i in T.vectorized({block}):
                     st[j, i] = T.if_then_else(jb * {keys} + j < {sk}, T.exp(st[j, i] - mn[i]), T.float32(0))
                     l[i] = l[i] + st[j, i]
-            for i in range({block}):
-                for e in T.vectorized({dv}):
-                    acc[i, e] = acc[i, e] * cr[i]
             for g in range({block // pv_rows}):
                 for eo in range({dv // chunk}):
+                    for i in T.unroll({pv_rows}):
+                        for ei in T.vectorized({chunk}):
+                            pa[i, ei] = acc[g * {pv_rows} + i, eo * {chunk} + ei] * cr[g * {pv_rows} + i]
                     for j in range({keys}):
                         for i in T.unroll({pv_rows}):
                             for ei in T.vectorized({chunk}):
-                                acc[g * {pv_rows} + i, eo * {chunk} + ei] = acc[g * {pv_rows} + i, eo * {chunk} + ei] + st[j, g * {pv_rows} + i] * {index(spec, "v", bh, key, f"eo * {chunk} + ei")}
+                                pa[i, ei] = pa[i, ei] + st[j, g * {pv_rows} + i] * {index(spec, "v", bh, key, f"eo * {chunk} + ei")}
+                    for i in T.unroll({pv_rows}):
+                        for ei in T.vectorized({chunk}):
+                            acc[g * {pv_rows} + i, eo * {chunk} + ei] = pa[i, ei]
         for i in range({block}):
             if {q0} + i < {sq}:
                 for e in T.vectorized({dv}):

@@ -23,7 +23,9 @@ def kernel_source(spec, rows: int, keys: int) -> str:
         rows = min(rows, max(CUDA["warp"], -(-sq // CUDA["warp"]) * CUDA["warp"]))
     nq, nk = cdiv(sq, rows), cdiv(sk, keys)
     sk1 = minus1(sk)
-    bh, row = f"bx // {nq}", f"T.min(bx % {nq} * {rows} + tx, {minus1(sq)})"
+    qb = f"bx // {spec.bh}" if isinstance(spec.bh, int) else f"bx % {nq}"  # divide by constants where possible
+    bh = f"bx % {spec.bh}" if isinstance(spec.bh, int) else f"bx // {nq}"
+    row = f"T.min({qb} * {rows} + tx, {minus1(sq)})"
     kload = -(-keys * d // rows)
     vload = -(-keys * dv // rows)
     key = f"T.min(jb * {keys} + j, {sk1})"
@@ -72,9 +74,9 @@ def main({signature(spec)}):
                 acc[e] = acc[e] + sc[j] * vs[j, e]
         r[0] = r[2]
         T.tvm_storage_sync("shared")
-    if bx % {nq} * {rows} + tx < {sq}:
+    if {qb} * {rows} + tx < {sq}:
         for e in T.unroll({dv}):
-            {index(spec, "out", bh, f"bx % {nq} * {rows} + tx", "e")} = acc[e] / r[1]
+            {index(spec, "out", bh, f"{qb} * {rows} + tx", "e")} = acc[e] / r[1]
 '''
 
 

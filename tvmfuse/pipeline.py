@@ -13,7 +13,9 @@
   schedule        default schedule rules per target (decline -> next rule,      schedules/
                   fallback last), FLOPs stamped, vector math lowered
   prepack         packing of constant weights moved to build time (llvm)        passes/prepack_weights.py
-  codegen         Relax lowering to the VM, tvm.compile                        TVM's backend lists
+  codegen         Relax lowering to the VM, tvm.compile (shape functions marked TVM's backend lists,
+                  noalias: one unmarked function costs the whole LLVM module    passes/mark_noalias.py
+                  its alias info)
 
 Each phase is one `tvm.transform.Sequential` named `tvmfuse.<phase>`, so TVM's PassInstruments
 (timing, printing, tvmfuse.debug's dumps, a user's own) see the phases and every pass inside them.
@@ -140,7 +142,9 @@ def phase_passes(phase: str, opts: Options) -> list:
     if phase == "prepack":
         return [PrepackWeights] if t.kind.name == "llvm" else []
     if phase == "codegen":
-        return lowering_passes(t)
+        from .passes.mark_noalias import MarkNoAlias
+
+        return lowering_passes(t) + [MarkNoAlias]
     raise ValueError(f"unknown phase {phase!r}; the phases are {PHASES}")
 
 
