@@ -48,13 +48,21 @@ def check_module(mod) -> None:
 
 
 def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: str | None = None, *,
-          name: str = "model", debug_dir: str | None = None, instruments=(), **knobs) -> "Compiled":
+          name: str = "model", debug_dir: str | None = None, instruments=(), buckets: dict | None = None,
+          **knobs) -> "Compiled":
     """Compile `mod` under a fusion variant: every phase of pipeline.py, then tvm.compile.
 
     knobs: fusion knobs (tvmfuse/config.py; unknown ones raise UnknownKnobError). debug_dir (or
     TVMFUSE_DEBUG_DIR): write this build's debug folder (tvmfuse/debug.py), `name` names it.
-    instruments: TVM PassInstruments to run over every phase and pass of this build."""
+    instruments: TVM PassInstruments to run over every phase and pass of this build.
+    buckets: {symbolic dim: [sizes]} of a symbolic model, e.g. {"seq": [32, 64, 128]}: each size gets
+    static, specialized (and tunable) kernels, a generic symbolic version covers every other size,
+    and main dispatches at run time (passes/shape_buckets.py)."""
     check_module(mod)
+    if buckets:
+        from .passes.shape_buckets import add_buckets
+
+        mod = add_buckets(mod, buckets)
     opts = _options(target, fusion, tuning_logs, knobs)
     session = debug.Session(config.debug_dir(debug_dir), name, opts.fusion, instruments)
     with opts.target, tvm.transform.PassContext(opt_level=3, instruments=session.instruments):
@@ -78,10 +86,24 @@ class Compiled:
         # {symbolic dim: (min, max)} the importer declared (torch.export Dims; frontends/common.py)
         declared = main.attrs.get(RANGES_ATTR) if main.attrs is not None else None
         self.ranges = {str(k): (int(v[0]), int(v[1])) for k, v in dict(declared or {}).items()}
+        from .passes.shape_buckets import table
+
+        # [({dim: size}, function)] of a bucketed build (build(buckets=...)); main dispatches among them
+        self.buckets = table(main)
+        self.kernel_function = "main__generic" if self.buckets else "main"  # what launches and profiles read
 
     # ------------------------------------------------------------------ inspection
-    def call_sites(self) -> list[str]:
-        return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.mod["main"])]
+    def call_sites(self, function: str | None = None) -> list[str]:
+        """Kernels called by `function` (default: main, or the generic version of a bucketed build)."""
+        return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.mod[function or self.kernel_function])]
+
+    def bucket_launches(self) -> dict[str, int]:
+        """Launches per version of a bucketed build: {"seq=32": n, ..., "generic": n}; {} otherwise."""
+        if not self.buckets:
+            return {}
+        out = {",".join(f"{d}={s}" for d, s in combo.items()): self.launches_of(fn) for combo, fn in self.buckets}
+        out["generic"] = self.launches_of("main__generic")
+        return out
 
     def source(self) -> str:
         """Generated kernel code: CUDA C for cuda, LLVM IR for llvm."""
@@ -108,7 +130,10 @@ class Compiled:
 
     @property
     def launches(self) -> int:
-        sites = self.call_sites()
+        return self.launches_of(None)
+
+    def launches_of(self, function: str | None) -> int:
+        sites = self.call_sites(function)
         if self.target.kind.name == "cuda":
             per = self.kernels_per_func()
             return sum(per.get(n, 0) for n in sites)
