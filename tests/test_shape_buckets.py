@@ -117,3 +117,16 @@ def test_bert_tiny_buckets_match_torch_at_bucket_and_other_lengths():
         with torch.no_grad():
             ref = m(x).numpy()
         np.testing.assert_allclose(c(x.numpy()), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_each_bucket_is_a_tuning_task_of_its_own():
+    """Records are kept per bucket: each bucket's static kernels are distinct tasks (their own
+    workloads, so their own records), weighted by their calls in that bucket's version."""
+    from tvmfuse.target import resolve
+    from tvmfuse.tuning import tasks as tasks_mod
+
+    plain = tasks_mod.extract(tasks_mod.fused_module(Mlp, resolve("llvm"), "tvmfuse"))
+    bucketed = tasks_mod.extract(tasks_mod.fused_module(Mlp, resolve("llvm"), "tvmfuse", buckets={"n": [16, 64]}))
+    assert len(bucketed) == 3 * len(plain)  # the generic kernels, and a static copy per bucket
+    static = [t for t in bucketed if all(isinstance(v, tvm.tirx.IntImm) for p in t.mod["main"].params for v in p.shape)]
+    assert len(static) == 2 * len(plain) and all(t.weight >= 1 for t in bucketed)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
+from tvm import relax
 from tvm.s_tir.meta_schedule.tir_integration import _normalize_mod
 
 from .. import config, pipeline
@@ -34,12 +35,19 @@ from ..relax_utils import call_tir_sites
 class Task:
     name: str  # the PrimFunc's name in the module (first one if several share the workload)
     mod: tvm.IRModule  # normalized {"main": tuning_form(PrimFunc)}: what MetaSchedule tunes
-    weight: int  # call sites in main
+    weight: int  # call sites in main (in every version of main in a bucketed build)
     key: str = ""  # workload structural hash, filled by the driver
     source: tvm.IRModule | None = None  # normalized {"main": PrimFunc}: what the default rules schedule
 
 
-def fused_module(mod: tvm.IRModule, target: tvm.target.Target, fusion: str, knobs: dict | None = None):
+def fused_module(mod: tvm.IRModule, target: tvm.target.Target, fusion: str, knobs: dict | None = None,
+                 buckets: dict | None = None):
+    """`buckets` as for `tvmfuse.build`: each bucket's static kernels become tasks of their own, so
+    their records are kept per bucket."""
+    if buckets:
+        from ..passes.shape_buckets import add_buckets
+
+        mod = add_buckets(mod, buckets)
     opts = pipeline.Options(target, pipeline.check_variant(fusion), config.knobs(**(knobs or {})))
     with target, tvm.transform.PassContext(opt_level=3):
         return pipeline.run(mod, opts, until="mark_constants").mod
@@ -95,8 +103,10 @@ def _copies_a_parameter(block, local) -> bool:
 
 def extract(mod: tvm.IRModule) -> list[Task]:
     calls: dict[str, int] = {}
-    for _, gv, _, _ in call_tir_sites(mod["main"]):
-        calls[gv.name_hint] = calls.get(gv.name_hint, 0) + 1
+    for _, func in mod.functions_items():  # main, and a bucketed build's versions of it
+        if isinstance(func, relax.Function):
+            for _, gv, _, _ in call_tir_sites(func):
+                calls[gv.name_hint] = calls.get(gv.name_hint, 0) + 1
     tasks: list[Task] = []
     for gv, func in sorted(mod.functions_items(), key=lambda kv: kv[0].name_hint):
         if not isinstance(func, tvm.tirx.PrimFunc) or (func.attrs and func.attrs.get("tirx.is_scheduled")):
