@@ -87,3 +87,20 @@ def test_dynamic_graphs_compile_once_and_run_every_size():
     with torch.no_grad():
         torch.compile(m, backend=_counting(static))(torch.randn(5, 16))
     assert compiled.launches == static[0].launches
+
+
+def test_dynamic_graphs_take_buckets_through_options():
+    """options={"buckets": [...]}: the one dynamic build carries a static version per size, and
+    every size (in a bucket or not) still matches eager from that one compile."""
+    torch._dynamo.reset()
+    builds = []
+    m = Block().eval()
+    cm = torch.compile(m, backend=_counting(builds), dynamic=True, options={"buckets": [4, 8]})
+    with torch.no_grad():
+        for n in (3, 4, 8, 11):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    (compiled,) = builds
+    assert compiled is not None, "the dynamic graph was left to eager"
+    assert sorted(combo[next(iter(combo))] for combo, _fn in compiled.buckets) == [4, 8]
+    assert len(set(compiled.bucket_launches().values())) == 1  # every version fuses alike

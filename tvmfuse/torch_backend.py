@@ -6,7 +6,9 @@ tvmfuse is installed. For each FX graph dynamo captures, `tvmfuse_backend(gm, ex
   - builds it through the pipeline (tvmfuse.build: fusion "tvmfuse" unless options say otherwise),
   - returns a callable that runs the compiled module on the CPU tensors dynamo passes.
 Options (`torch.compile(..., options={...})`): `fusion` ("none" / "tvm" / "tvmfuse"), `target`
-("llvm"), `tuning_logs`, and any fusion knob (tvmfuse/config.py).
+("llvm"), `tuning_logs`, `buckets` (with dynamic=True: a list of sizes for every symbolic size of the
+graph, or {dynamo symbol: sizes}; static versions for those sizes inside the one build, see
+tvmfuse.build), and any fusion knob (tvmfuse/config.py).
 
 A graph tvmfuse cannot take (an op the frontend does not convert, a build error, inputs on a GPU, a
 size the graph computes with) runs in eager PyTorch: the reason is logged on `tvmfuse.torch` and
@@ -25,7 +27,7 @@ import numpy as np
 
 log = logging.getLogger("tvmfuse.torch")
 
-_BUILD_OPTIONS = ("fusion", "target", "tuning_logs")
+_BUILD_OPTIONS = ("fusion", "target", "tuning_logs", "buckets")
 
 
 def _input_info(gm, example_inputs):
@@ -100,7 +102,8 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
         mod = from_fx(gm, info, unwrap_unit_return_tuple=True)
     mod = finish(mod, "constants", True)
     compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
-                     tuning_logs=build_kw.get("tuning_logs"), name="torch_graph", **options)
+                     tuning_logs=build_kw.get("tuning_logs"), name="torch_graph",
+                     buckets=_buckets(build_kw.get("buckets"), info), **options)
 
     def run(*args):
         if any(args[i].item() != v for i, (_n, v) in scalars.items()):  # a baked float changed
@@ -112,6 +115,22 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
 
     run.compiled = compiled
     return run
+
+
+def _buckets(buckets, info):
+    """The `buckets` option for this graph's build: {dynamo symbol: sizes} as given, or a list of
+    sizes for every symbolic size of the graph (users rarely know dynamo's names, s0, s1, ...);
+    None for a static graph (dynamo sends the sizes it saw: nothing to bucket)."""
+    if buckets is None:
+        return None
+    import tvm
+
+    symbols = sorted({d.name for shape, _dt in info for d in shape if isinstance(d, tvm.tirx.Var)})
+    if not symbols:
+        return None
+    if isinstance(buckets, dict):
+        return {k: v for k, v in buckets.items() if k in symbols} or None
+    return {s: list(buckets) for s in symbols}
 
 
 def _without_size_inputs(gm, drop, scalars):
