@@ -74,7 +74,12 @@ def test_dynamic_bench_runs_one_symbolic_build_against_static_and_torch_compile(
     from tvmfuse import bench_dynamic
 
     out = tmp_path / "d.json"
-    assert bench_dynamic.main(["--model", "bert-tiny", "--seqs", "8", "--rounds", "1", "--json", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["rows"]
-    assert set(row["ms"]) == {"tvmfuse dynamic", "tvmfuse static", "torch.compile dyn", "torch eager"}
-    assert all(row["ok"].values()) and row["seq"] == 8
+    md = tmp_path / "d.md"
+    assert bench_dynamic.main(["--model", "bert-tiny", "--seqs", "8,9", "--rounds", "1", "--buckets", "8",
+                               "--json", str(out), "--markdown", str(md)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["seq"] for r in rows] == [8, 9] and all(all(r["ok"].values()) for r in rows)
+    assert set(rows[0]["ms"]) == {"tvmfuse dynamic", "tvmfuse static", "torch.compile dyn", "torch eager",
+                                  "tvmfuse bucketed"}
+    assert [r["bucket"] for r in rows] == ["static version", "generic"]
+    assert "--buckets 8" in md.read_text()

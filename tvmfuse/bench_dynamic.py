@@ -10,6 +10,8 @@ Systems, at each sequence length (batch 1, random ids, the configs' random weigh
   tvmfuse static      a tvmfuse build of the model imported at that length (flash attention on)
   torch.compile dyn   torch.compile(model, dynamic=True) (Inductor), compiled once
   torch eager
+  tvmfuse bucketed    with --buckets: ONE build of the dynamic model with static versions at those
+                      lengths (tvmfuse.build(buckets=...)); other lengths take its generic version
 Timing: interleaved rounds, each a batch of calls lasting about 0.2 s; the median per call. The
 ratios are from this run. Launch counts are the builds' static kernel counts.
 """
@@ -41,6 +43,8 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="bert-base", choices=("bert-base", "bert-tiny"))
     ap.add_argument("--seqs", default="16,64,128,384")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--buckets", default="",
+                    help="also time a bucketed dynamic build with static versions at these lengths, e.g. 32,64,128,256,512")
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
@@ -64,9 +68,17 @@ def main(argv=None) -> int:
                                  dynamic_shapes={"input_ids": {1: Dim("seq", min=2, max=max_pos)}})
     dyn = tvmfuse.build(dyn_mod, "llvm", "tvmfuse")
     dyn_s = time.perf_counter() - t0
+    bucket_sizes = [int(b) for b in args.buckets.split(",") if b.strip()]
+    bucketed, bucket_s = None, 0.0
+    if bucket_sizes:
+        seq = next(iter(dict(dyn_mod["main"].attrs["tvmfuse.ranges"])))  # the importer's name for the dim
+        t0 = time.perf_counter()
+        bucketed = tvmfuse.build(dyn_mod, "llvm", "tvmfuse", buckets={str(seq): bucket_sizes})
+        bucket_s = time.perf_counter() - t0
     compiled = torch.compile(model, dynamic=True)
     head = (f"{args.model}, batch 1; {cpu_name()}, llvm mcpu={host_cpu()}; {threads} threads for every system; "
-            f"medians of {args.rounds} interleaved rounds; dynamic build (import + build) {dyn_s:.1f} s")
+            f"medians of {args.rounds} interleaved rounds; dynamic build (import + build) {dyn_s:.1f} s"
+            + (f"; bucketed build ({args.buckets}) {bucket_s:.1f} s" if bucketed else ""))
     print(head, file=sys.stderr)
     rows = []
     for s in seqs:
@@ -78,6 +90,9 @@ def main(argv=None) -> int:
         fd, fs = dyn.vm()["main"], static.vm()["main"]
         ok = {"tvmfuse dynamic": np.allclose(fd(*dargs).numpy(), ref, rtol=1e-3, atol=1e-3),
               "tvmfuse static": np.allclose(fs(*sargs).numpy(), ref, rtol=1e-3, atol=1e-3)}
+        if bucketed:
+            fb, bargs = bucketed.vm()["main"], bucketed.convert_inputs([x.numpy()])
+            ok["tvmfuse bucketed"] = np.allclose(fb(*bargs).numpy(), ref, rtol=1e-3, atol=1e-3)
 
         def run_compiled(x=x):
             with torch.no_grad():
@@ -90,6 +105,8 @@ def main(argv=None) -> int:
         run_compiled()  # compiles (once for every length with dynamic=True)
         calls = {"tvmfuse dynamic": lambda: fd(*dargs), "tvmfuse static": lambda: fs(*sargs),
                  "torch.compile dyn": run_compiled, "torch eager": run_eager}
+        if bucketed:
+            calls["tvmfuse bucketed"] = lambda: fb(*bargs)
         samples = {n: [] for n in calls}
         order = list(calls)
         for r in range(args.rounds):
@@ -99,15 +116,22 @@ def main(argv=None) -> int:
         rows.append({"seq": s, "ms": ms, "ok": ok, "launches": {"dynamic": dyn.launches, "static": static.launches},
                      "dyn_vs_static": ms["tvmfuse dynamic"] / ms["tvmfuse static"],
                      "dyn_vs_compile": ms["tvmfuse dynamic"] / ms["torch.compile dyn"]})
+        if bucketed:
+            rows[-1]["bucketed_vs_static"] = ms["tvmfuse bucketed"] / ms["tvmfuse static"]
+            rows[-1]["bucket"] = "static version" if s in bucket_sizes else "generic"
         print(f"seq {s}: " + ", ".join(f"{n} {v:.2f} ms" for n, v in ms.items()), file=sys.stderr)
     names = list(rows[0]["ms"])
-    lines = [f"_{head}; command: `./dev python scripts/bench_dynamic.py --model {args.model} --seqs {args.seqs}`_",
+    cmd = f"./dev python scripts/bench_dynamic.py --model {args.model} --seqs {args.seqs}"
+    cmd += f" --buckets {args.buckets}" if bucketed else ""
+    extra = " bucketed / static (path) |" if bucketed else ""
+    lines = [f"_{head}; command: `{cmd}`_",
              "", "| seq | " + " | ".join(f"{n} ms" for n in names)
-             + " | dynamic / static | dynamic / torch.compile dyn | launches dynamic / static | numerics |",
-             "|" + "---|" * (len(names) + 5)]
+             + " | dynamic / static | dynamic / torch.compile dyn |" + extra + " launches dynamic / static | numerics |",
+             "|" + "---|" * (len(names) + 5 + bool(bucketed))]
     for r in rows:
+        bucket_cell = f" {r['bucketed_vs_static']:.2f}x ({r['bucket']}) |" if bucketed else ""
         lines.append(f"| {r['seq']} | " + " | ".join(f"{r['ms'][n]:.2f}" for n in names)
-                     + f" | {r['dyn_vs_static']:.2f}x | {r['dyn_vs_compile']:.2f}x | "
+                     + f" | {r['dyn_vs_static']:.2f}x | {r['dyn_vs_compile']:.2f}x |" + bucket_cell + " "
                      + f"{r['launches']['dynamic']} / {r['launches']['static']} | "
                      + ("ok" if all(r["ok"].values()) else "MISMATCH") + " |")
     text = "\n".join(lines)
