@@ -104,3 +104,29 @@ def test_dynamic_graphs_take_buckets_through_options():
     assert compiled is not None, "the dynamic graph was left to eager"
     assert sorted(combo[next(iter(combo))] for combo, _fn in compiled.buckets) == [4, 8]
     assert len(set(compiled.bucket_launches().values())) == 1  # every version fuses alike
+
+
+def test_small_bert_dynamic_compiles_once_and_matches_eager_at_every_length():
+    """transformers' BERT under dynamic=True computes with its sequence-length input (views by it,
+    slices its position ids by it): each such size is read from a tensor input's shape, the slice's
+    min(s, 256) tightened under dynamo's bound, so the one graph builds symbolic and runs every
+    length; the attention is one flash kernel per layer."""
+    pytest.importorskip("transformers")
+    from tvmfuse import models
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = models._bert_module().eval()
+    builds = []
+    cm = torch.compile(m, backend=_counting(builds), dynamic=True)
+    with torch.no_grad():
+        for s in (8, 13, 100):
+            x = torch.randint(0, 100, (1, s))
+            out, ref = cm(x), m(x)
+            torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    (compiled,) = builds  # one compile for the three lengths
+    assert compiled is not None, "the dynamic graph was left to eager"
+    assert list(compiled.ranges.values()) == [(2, 256)]
+    rules = [str(f.attrs["tvmfuse.rule"]) for _gv, f in compiled.mod.functions_items()
+             if hasattr(f, "attrs") and f.attrs is not None and "tvmfuse.rule" in f.attrs]
+    assert rules.count("cpu.Attention") == 2 and "cpu.Fallback" not in rules

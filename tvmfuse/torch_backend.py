@@ -14,10 +14,12 @@ A graph tvmfuse cannot take (an op the frontend does not convert, a build error,
 size the graph computes with) runs in eager PyTorch: the reason is logged on `tvmfuse.torch` and
 the model still runs. Recompiles on guard failures are dynamo's. `dynamic=True` graphs are built
 once with symbolic sizes (docs/dynamic-shapes.md) and run at every size dynamo sends them: each
-size symbol becomes a TIR var, the SymInt inputs dynamo adds are dropped, and a float dynamo lifts
-to an input (LayerNorm's eps) is baked in (a call with another value runs eagerly). A graph that
-computes with a size input (transformers' BERT slices by the sequence length) still runs eagerly:
-import such models with tvmfuse.from_torch(..., dynamic_shapes=...).
+size symbol becomes a TIR var with the range dynamo's guards give it, the SymInt inputs dynamo adds
+are dropped (one the graph computes with, as transformers' BERT views and slices by the sequence
+length, is read from a tensor input's shape instead), and a float dynamo lifts to an input
+(LayerNorm's eps) is baked in (a call with another value runs eagerly). Three gaps of TVM's FX
+importer are bridged here (`_CONVERTERS`): F.embedding as a function, torch.gather with keyword
+arguments, and slices bounded by a symbolic size.
 """
 from __future__ import annotations
 
@@ -91,16 +93,16 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
         raise NotImplementedError(why)
     info, keep, drop, scalars = got
     eager = gm.forward
-    used = [n.name for n in drop if n.users]
-    if used:  # torch.export inside a dynamo backend breaks dynamo's guards (measured): not yet
-        raise NotImplementedError(f"the graph computes with its size input(s) {used} (a view or slice by a "
-                                  "symbolic length, as transformers' BERT does); such dynamic graphs run eagerly "
-                                  "for now: use tvmfuse.from_torch(..., dynamic_shapes=...) for them")
     if drop or scalars:
-        gm = _without_size_inputs(gm, drop, scalars)
+        gm = _without_size_inputs(gm, drop, scalars, _size_sources(gm, drop))
     with GRAPH_LOCK, torch.no_grad():
-        mod = from_fx(gm, info, unwrap_unit_return_tuple=True)
-    mod = finish(mod, "constants", True)
+        ranges = _ranges(example_inputs, info)
+        _IMPORT["analyzer"] = _analyzer(info, ranges)  # for _getitem; GRAPH_LOCK makes it this import's
+        try:
+            mod = from_fx(gm, info, unwrap_unit_return_tuple=True, custom_convert_map=_CONVERTERS)
+        finally:
+            _IMPORT["analyzer"] = None
+    mod = finish(mod, "constants", True, ranges=ranges)
     compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                      tuning_logs=build_kw.get("tuning_logs"), name="torch_graph",
                      buckets=_buckets(build_kw.get("buckets"), info), **options)
@@ -133,15 +135,147 @@ def _buckets(buckets, info):
     return {s: list(buckets) for s in symbols}
 
 
-def _without_size_inputs(gm, drop, scalars):
-    """A copy of the graph (dynamo still calls with every input) without the SymInt inputs it does
-    not read, and with each lifted float baked in as the constant it is now."""
+def _embedding(node, importer):
+    """F.embedding(ids, weight, ...) as dynamo captures it (a call_function; TVM's FX importer has
+    only the nn.Embedding module form): a take of the weight rows, as that form lowers."""
+    return importer._embedding_impl(importer.env[node.args[0]], importer.env[node.args[1]])
+
+
+def tvmfuse_size(x, dim: int):
+    """`x.size(dim)` as a function: the node a size input the graph reads becomes (_size_sources)."""
+    return x.size(dim)
+
+
+def _size(node, importer):
+    """The size as the TIR expression of the tensor's shape (a symbolic var for a dynamic dim;
+    TVM's FX importer's own `size` takes only constant sizes)."""
+    return importer.shape_of(importer.env[node.args[0]])[node.args[1]]
+
+
+_IMPORT = {"analyzer": None}  # the import in progress (under GRAPH_LOCK): its symbols' ranges
+
+
+def _analyzer(info, ranges):
+    """An analyzer with each symbolic size of the graph bound to its range (None: nothing to bind)."""
+    import tvm
+    from tvm.sym import Analyzer
+
+    a, bound = Analyzer(), set()
+    for shape, _dt in info:
+        for d in shape:
+            if isinstance(d, tvm.tirx.Var) and d.name in ranges and d.name not in bound:
+                lo, hi = ranges[d.name]
+                a.bind(d, tvm.ir.Range(tvm.tirx.const(lo, "int64"), tvm.tirx.const(hi + 1, "int64")))
+                bound.add(d.name)
+    return a if bound else None
+
+
+def _tightened(ty, analyzer):
+    from .frontends.tighten_shapes import _tightened as tightened
+
+    return tightened(ty, analyzer)
+
+
+def _getitem(node, importer):
+    """x[..., a:b] whose bounds are sizes (BERT's position_ids[:, :seq]): TVM's FX importer reads a
+    slice's bounds as constants, so the size nodes inside slices are resolved to their TIR
+    expressions first; everything else is the importer's own getitem."""
+    from torch import fx
+
+    def resolve(a):
+        if isinstance(a, slice):
+            return slice(*(importer.env[x] if isinstance(x, fx.Node) else x for x in (a.start, a.stop, a.step)))
+        return tuple(resolve(x) for x in a) if isinstance(a, tuple) else a
+
+    args = node.args
+    if not any(isinstance(x, fx.Node) for a in args[1:] for sl in (a if isinstance(a, tuple) else (a,))
+               if isinstance(sl, slice) for x in (sl.start, sl.stop, sl.step)):
+        return importer._getitem(node)
+    node.args = (args[0],) + tuple(resolve(a) for a in args[1:])
+    try:
+        out = importer._getitem(node)
+    finally:
+        node.args = args
+    analyzer = _IMPORT["analyzer"]
+    tight = _tightened(out.ty, analyzer) if analyzer is not None else None
+    if tight is None:  # e.g. [1, min(s, 256)] of a slice by s: under dynamo's bound s <= 256, [1, s]
+        return out
+    from tvm import relax
+
+    return importer.block_builder.emit(relax.op.reshape(out, relax.ShapeExpr(list(tight.shape.values))))
+
+
+def _gather(node, importer):
+    """torch.gather(x, dim=, index=) with keyword arguments (TVM's FX importer reads them by position)."""
+    from tvm import relax
+
+    args, kw = node.args, node.kwargs
+    dim = args[1] if len(args) > 1 else kw.get("dim", 0)
+    index = args[2] if len(args) > 2 else kw["index"]
+    return importer.block_builder.emit(relax.op.gather_elements(importer.env[args[0]], importer.env[index], axis=dim))
+
+
+_CONVERTERS = {"embedding": _embedding, "tvmfuse_size": _size, "getitem": _getitem, "gather": _gather}
+
+
+def _size_sources(gm, drop) -> dict:
+    """{SymInt placeholder name: (tensor placeholder name, dim)} for each size input the graph
+    computes with (transformers' BERT views and slices by the sequence length): a tensor input whose
+    shape has that symbol gives it (`x.size(dim)`, which the frontend turns into the same TIR var).
+    NotImplementedError (the graph runs eagerly) for a size no tensor input carries."""
+    import torch
+
+    out = {}
+    tensors = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("example_value"), torch.Tensor)]
+    for node in drop:
+        if not node.users:
+            continue
+        sym = str(node.meta["example_value"].node.expr) if isinstance(node.meta.get("example_value"), torch.SymInt) else None
+        src = next(((t.name, d) for t in tensors for d, size in enumerate(t.meta["example_value"].shape)
+                    if sym is not None and isinstance(size, torch.SymInt) and str(size.node.expr) == sym), None)
+        if src is None:
+            raise NotImplementedError(f"the graph computes with its size input {node.name} ({sym}), which no tensor "
+                                      "input's shape carries")
+        out[node.name] = src
+    return out
+
+
+def _ranges(example_inputs, info) -> dict:
+    """{symbol: (min, max)} of the graph's symbolic sizes, from dynamo's shape environment (its
+    guards bound them: BERT's sequence to its position table); finite bounds only."""
+    import torch
+
+    env = next((d.node.shape_env for t in example_inputs if isinstance(t, torch.Tensor) for d in t.shape
+                if isinstance(d, torch.SymInt)), None)
+    env = env or next((t.node.shape_env for t in example_inputs if isinstance(t, torch.SymInt)), None)
+    if env is None:
+        return {}
+    out = {}
+    for sym, vr in env.var_to_range.items():
+        try:
+            out[str(sym)] = (int(vr.lower), int(vr.upper))
+        except (TypeError, ValueError, OverflowError, AttributeError):  # an unbounded side (int_oo)
+            continue
+    names = {d.name for shape, _dt in info for d in shape if not isinstance(d, int)}
+    return {k: v for k, v in out.items() if k in names}
+
+
+def _without_size_inputs(gm, drop, scalars, sizes=None):
+    """A copy of the graph (dynamo still calls with every input) without its SymInt inputs (each one
+    the graph reads is replaced by `x.size(dim)` of a tensor input with that size: `sizes`, from
+    _size_sources), and with each lifted float baked in as the constant it is now."""
     import copy
 
     import torch
 
     graph = copy.deepcopy(gm.graph)
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    last = [n for n in graph.nodes if n.op == "placeholder"][-1]
+    for name, (tensor, dim) in (sizes or {}).items():
+        with graph.inserting_after(last):
+            size = graph.call_function(tvmfuse_size, (placeholders[tensor], dim))
+        placeholders[name].replace_all_uses_with(size)
+        last = size
     for node, v in scalars.values():
         node = placeholders[node.name]
         for item in list(node.users):

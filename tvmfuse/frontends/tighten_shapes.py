@@ -96,6 +96,6 @@ def export_ranges(ep) -> dict:
     for sym, vr in getattr(ep, "range_constraints", {}).items():
         try:
             out[str(sym)] = (int(vr.lower), int(vr.upper))
-        except (TypeError, ValueError, OverflowError):  # an unbounded side (int_oo)
+        except (TypeError, ValueError, OverflowError, AttributeError):  # an unbounded side (int_oo)
             continue
     return out
