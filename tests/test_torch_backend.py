@@ -48,6 +48,31 @@ def test_a_block_is_fused_and_matches_eager():
     assert compiled.launches < len([g for g in compiled.plan.groups for _ in g.ops])  # fused
 
 
+def test_parameters_are_baked_in_and_an_in_place_update_runs_eagerly(caplog):
+    """freeze (the default): the parameters dynamo passes as inputs become constants of the build
+    (folded, pre-packed; not copied in on each call), so main takes only x; after an optimizer-style
+    in-place update the call runs eagerly (logged) and still matches; freeze=False keeps them inputs."""
+    torch._dynamo.reset()
+    builds = []
+    m = Block().eval()
+    cm = torch.compile(m, backend=_counting(builds))
+    x = torch.randn(4, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+        (compiled,) = builds
+        assert [shape for _n, shape, _d in compiled.params] == [(4, 16)]
+        m.l1.weight.add_(0.5)  # in place, as optimizer.step() does
+        with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"):
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    assert "a parameter changed since the build" in caplog.text
+    torch._dynamo.reset()
+    unfrozen = []
+    with torch.no_grad():
+        out = torch.compile(m, backend=_counting(unfrozen), options={"freeze": False})(x)
+    torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-5)
+    assert len(unfrozen[0].params) == 1 + sum(1 for _ in m.parameters())
+
+
 def test_options_reach_the_build():
     torch._dynamo.reset()
     builds = []

@@ -6,7 +6,9 @@ tvmfuse is installed. For each FX graph dynamo captures, `tvmfuse_backend(gm, ex
   - builds it through the pipeline (tvmfuse.build: fusion "tvmfuse" unless options say otherwise),
   - returns a callable that runs the compiled module on the CPU tensors dynamo passes.
 Options (`torch.compile(..., options={...})`): `fusion` ("none" / "tvm" / "tvmfuse"), `target`
-("llvm"), `tuning_logs`, `buckets` (with dynamic=True: a list of sizes for every symbolic size of the
+("llvm"), `tuning_logs`, `freeze` (default True: parameters dynamo passes as inputs are baked in as
+constants, folded and pre-packed at build; a call after one was changed in place, an optimizer
+step, runs eagerly with a warning), `buckets` (with dynamic=True: a list of sizes for every symbolic size of the
 graph, or {dynamo symbol: sizes}; static versions for those sizes inside the one build, see
 tvmfuse.build), and any fusion knob (tvmfuse/config.py).
 
@@ -88,13 +90,24 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
 
     options = dict(options or {})
     build_kw = {k: options.pop(k) for k in _BUILD_OPTIONS if k in options}
+    freeze = bool(options.pop("freeze", True))
     got, why = _input_info(gm, example_inputs)
     if got is None:
         raise NotImplementedError(why)
     info, keep, drop, scalars = got
     eager = gm.forward
-    if drop or scalars:
-        gm = _without_size_inputs(gm, drop, scalars, _size_sources(gm, drop))
+    frozen = {}  # input position -> (parameter, its version at build)
+    if freeze:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        for k, i in enumerate(list(keep)):
+            t = example_inputs[i]
+            if isinstance(t, torch.nn.Parameter) and not any(not isinstance(d, int) for d in info[keep.index(i)][0]):
+                frozen[i] = (placeholders[i].name, t, t._version)
+        info = [inf for i, inf in zip(keep, info) if i not in frozen]
+        keep = [i for i in keep if i not in frozen]
+    if drop or scalars or frozen:
+        gm = _without_size_inputs(gm, drop, scalars, _size_sources(gm, drop),
+                                  {name: t.detach() for name, t, _v in frozen.values()})
     with GRAPH_LOCK, torch.no_grad():
         ranges = _ranges(example_inputs, info)
         _IMPORT["analyzer"] = _analyzer(info, ranges)  # for _getitem; GRAPH_LOCK makes it this import's
@@ -110,6 +123,10 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
     def run(*args):
         if any(args[i].item() != v for i, (_n, v) in scalars.items()):  # a baked float changed
             log.warning("tvmfuse backend: a float input changed since the build; this call runs eagerly")
+            return eager(*args)
+        if any(args[i] is not t or t._version != v for i, (_n, t, v) in frozen.items()):
+            log.warning("tvmfuse backend: a parameter changed since the build (it was baked in as a constant; "
+                        "options={'freeze': False} keeps parameters as inputs); this call runs eagerly")
             return eager(*args)
         out = compiled(*[args[i].detach().numpy() for i in keep])
         outs = out if isinstance(out, tuple) else (out,)
@@ -260,16 +277,23 @@ def _ranges(example_inputs, info) -> dict:
     return {k: v for k, v in out.items() if k in names}
 
 
-def _without_size_inputs(gm, drop, scalars, sizes=None):
+def _without_size_inputs(gm, drop, scalars, sizes=None, frozen=None):
     """A copy of the graph (dynamo still calls with every input) without its SymInt inputs (each one
     the graph reads is replaced by `x.size(dim)` of a tensor input with that size: `sizes`, from
-    _size_sources), and with each lifted float baked in as the constant it is now."""
+    _size_sources), with each lifted float baked in as the constant it is now, and each parameter in
+    `frozen` ({placeholder name: tensor}) an attribute of the copy, which the importer makes a
+    constant (folded and pre-packed at build instead of copied in on every call)."""
     import copy
 
     import torch
 
     graph = copy.deepcopy(gm.graph)
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    for k, name in enumerate(frozen or {}):
+        with graph.inserting_before(placeholders[name]):
+            attr = graph.get_attr(f"_tvmfuse_frozen_{k}")
+        placeholders[name].replace_all_uses_with(attr)
+        graph.erase_node(placeholders.pop(name))
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
     for name, (tensor, dim) in (sizes or {}).items():
         with graph.inserting_after(last):
@@ -286,7 +310,17 @@ def _without_size_inputs(gm, drop, scalars, sizes=None):
         graph.erase_node(node)
     for dropped in drop:
         graph.erase_node(placeholders[dropped.name])
-    return torch.fx.GraphModule(gm, graph)
+    if not frozen:
+        return torch.fx.GraphModule(gm, graph)
+    root = {}  # what the graph's get_attr / call_module nodes name, from gm, and the frozen parameters
+    for n in graph.nodes:
+        if n.op in ("get_attr", "call_module") and not n.target.startswith("_tvmfuse_frozen_"):
+            obj = gm
+            for part in n.target.split("."):
+                obj = getattr(obj, part)
+            root[n.target] = obj
+    root.update({f"_tvmfuse_frozen_{k}": t for k, t in enumerate(frozen.values())})
+    return torch.fx.GraphModule(root, graph)
 
 
 def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
