@@ -80,6 +80,6 @@ def test_dynamic_bench_runs_one_symbolic_build_against_static_and_torch_compile(
     rows = json.loads(out.read_text())["rows"]
     assert [r["seq"] for r in rows] == [8, 9] and all(all(r["ok"].values()) for r in rows)
     assert set(rows[0]["ms"]) == {"tvmfuse dynamic", "tvmfuse static", "torch.compile dyn", "torch eager",
-                                  "tvmfuse bucketed"}
+                                  "tvmfuse backend dyn", "tvmfuse bucketed"}
     assert [r["bucket"] for r in rows] == ["static version", "generic"]
     assert "--buckets 8" in md.read_text()

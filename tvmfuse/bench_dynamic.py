@@ -9,6 +9,7 @@ Systems, at each sequence length (batch 1, random ids, the configs' random weigh
   tvmfuse dynamic     ONE tvmfuse build of the model imported with Dim("seq", 2, max positions)
   tvmfuse static      a tvmfuse build of the model imported at that length (flash attention on)
   torch.compile dyn   torch.compile(model, dynamic=True) (Inductor), compiled once
+  tvmfuse backend dyn torch.compile(model, backend="tvmfuse", dynamic=True), compiled once
   torch eager
   tvmfuse bucketed    with --buckets: ONE build of the dynamic model with static versions at those
                       lengths (tvmfuse.build(buckets=...)); other lengths take its generic version
@@ -76,8 +77,14 @@ def main(argv=None) -> int:
         bucketed = tvmfuse.build(dyn_mod, "llvm", "tvmfuse", buckets={str(seq): bucket_sizes})
         bucket_s = time.perf_counter() - t0
     compiled = torch.compile(model, dynamic=True)
+    backend = torch.compile(model, backend="tvmfuse", dynamic=True)  # tvmfuse as a torch.compile backend
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        backend(ids[seqs[0]])  # the one compile (dynamo capture, import, build)
+    backend_s = time.perf_counter() - t0
     head = (f"{args.model}, batch 1; {cpu_name()}, llvm mcpu={host_cpu()}; {threads} threads for every system; "
-            f"medians of {args.rounds} interleaved rounds; dynamic build (import + build) {dyn_s:.1f} s"
+            f"medians of {args.rounds} interleaved rounds; dynamic build (import + build) {dyn_s:.1f} s; "
+            f"torch.compile(backend='tvmfuse', dynamic=True) first call {backend_s:.1f} s"
             + (f"; bucketed build ({args.buckets}) {bucket_s:.1f} s" if bucketed else ""))
     print(head, file=sys.stderr)
     rows = []
@@ -102,9 +109,16 @@ def main(argv=None) -> int:
             with torch.no_grad():
                 return model(x)
 
+        def run_backend(x=x):
+            with torch.no_grad():
+                return backend(x)
+
+        with torch.no_grad():
+            ok["tvmfuse backend dyn"] = np.allclose(run_backend().numpy(), ref, rtol=1e-3, atol=1e-3)
+
         run_compiled()  # compiles (once for every length with dynamic=True)
         calls = {"tvmfuse dynamic": lambda: fd(*dargs), "tvmfuse static": lambda: fs(*sargs),
-                 "torch.compile dyn": run_compiled, "torch eager": run_eager}
+                 "torch.compile dyn": run_compiled, "tvmfuse backend dyn": run_backend, "torch eager": run_eager}
         if bucketed:
             calls["tvmfuse bucketed"] = lambda: fb(*bargs)
         samples = {n: [] for n in calls}

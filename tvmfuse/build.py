@@ -7,6 +7,7 @@ module before lowering, what the measuring runtime reads).
 from __future__ import annotations
 
 import re
+import threading
 from functools import cached_property
 
 import numpy as np
@@ -80,6 +81,7 @@ class Compiled:
     def __init__(self, mod, executable, target, fusion, plan=None, planned=None, debug_folder=None):
         self.mod, self.executable, self.target, self.fusion = mod, executable, target, fusion
         self.plan, self.planned, self.debug_folder = plan, planned, debug_folder
+        self._local = threading.local()
         main = mod["main"]
         self.params = [(p.name, static_shape(p.ty), p.ty.dtype) for p in main.params]
         self._dims = [_dims(p.ty) for p in main.params]  # ints and symbolic names, checked before TVM
@@ -194,7 +196,10 @@ class Compiled:
 
     def __call__(self, *arrays):
         args = self.convert_inputs(arrays)
-        return _to_numpy(self.vm()["main"](*args))
+        main = getattr(self._local, "main", None)
+        if main is None:  # one VM per thread, kept (its memory pool too): a VM is not thread-safe
+            main = self._local.main = self.vm()["main"]
+        return _to_numpy(main(*args))
 
 
 def cuda_source(module) -> str:
