@@ -229,3 +229,23 @@ def test_tighten_shapes_golden_and_must_not_fire():
         assert tighten(mod, ranges).same_as(mod), ranges
     static = relax.transform.BindSymbolicVars({"n": 5})(mod)
     assert tighten(static, {"n": (1, 8)}).same_as(static)
+
+
+def test_bert_tiny_symbolic_sequence_compiles_for_cuda_with_no_host_fallback():
+    """CUDA with a symbolic sequence: every kernel is a GPU kernel (compiles here; runs where there is
+    a GPU), the matmuls take dlight's rule and each layer's attention one flash kernel."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from torch.export import Dim
+
+    from tvmfuse import models
+
+    torch.manual_seed(0)
+    m = models._bert_module()
+    mod = tvmfuse.from_torch(m, (torch.randint(0, 100, (1, 16)),),
+                             dynamic_shapes={"input_ids": {1: Dim("seq", min=2, max=256)}})
+    c = tvmfuse.build(mod, "cuda", "tvmfuse")
+    assert c.host_fallbacks() == []
+    rules = _rules(c)
+    assert rules.count("cuda.Attention") == 2 and c.kernels_per_func()["fused_attention"] == 1
+    assert rules.count("dlight.gpu.Matmul") >= 8, rules
