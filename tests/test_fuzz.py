@@ -42,6 +42,11 @@ def test_slice_covers_every_op_dtype_and_shape_kind():
     dims = {d for s in specs for i in s["inputs"] for d in i["shape"]}
     assert {1, 3, 7, 13, 17} <= dims
     assert sum(len(s["outputs"]) > 1 for s in specs) >= 50  # multi-output graphs
+    # the attention composite (matmul with a permuted K, scale, mask, softmax, matmul with V), a
+    # symbolic one among them
+    attn = [s for s in specs if any(o["op"] == "softmax" and o["attrs"].get("axis") == -1 for o in s["ops"])
+            and sum(o["op"] == "matmul" for o in s["ops"]) >= 2]
+    assert len(attn) >= 5 and any(s.get("symbolic") for s in attn), len(attn)
     assert any(i["shape"] == [] or len(i["shape"]) == 4 for s in specs for i in s["inputs"])
     # a quarter of the graphs: the leading dim symbolic, built once, checked at two sizes
     assert sum(bool(s.get("symbolic")) for s in specs) >= len(SLICE) // 5

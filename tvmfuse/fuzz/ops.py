@@ -224,6 +224,27 @@ def matmul(g: Graph, op):
     return g.emit("matmul", [a, b], shape, k * a.bound * b.bound)
 
 
+@_gen("attention")
+def attention(g: Graph, op):
+    """softmax(Q·Kᵀ·scale (+ mask), -1)·V, the spelling match_attention fuses into one flash kernel:
+    Q an existing value [.., S, D], K and V new inputs with its leading dims (so a symbolic leading
+    dim, batch or sequence, flows through), Kᵀ a permute_dims, the mask an input broadcast over rows."""
+    q = _ranked(g, 2)
+    lead, s, d = q.shape[:-2], q.shape[-2], q.shape[-1]
+    sk = s if not lead or g.flag() else g.pick((1, 7, 13))
+    k = g.new_input(lead + (sk, d), q.dtype)
+    v = g.new_input(lead + (sk, g.pick((1, 4, 8, 16))), q.dtype)
+    kt = g.emit("permute_dims", [k], lead + (d, sk), k.bound, axes=list(range(len(lead))) + [len(lead) + 1, len(lead)])
+    sc = g.emit("matmul", [q, kt], lead + (s, sk), d * q.bound * k.bound)
+    scale = g.pick((0.125, 0.5, 1.0))
+    sc = g.emit("multiply", [sc, scale], sc.shape, sc.bound * scale)
+    if g.flag():
+        mask = g.new_input(lead[:-1] + (1,) * min(len(lead), 1) + (1, sk), q.dtype)
+        sc = g.emit("add", [sc, mask], sc.shape, sc.bound + mask.bound)
+    p = g.emit("softmax", [sc], sc.shape, 1.0, axis=-1)
+    return g.emit("matmul", [p, v], lead + (s, v.shape[-1]), sk * v.bound)
+
+
 @_gen("conv2d")
 def conv2d(g: Graph, op):
     four = [v for v in g.vals if len(v.shape) == 4]
