@@ -130,3 +130,22 @@ def test_each_bucket_is_a_tuning_task_of_its_own():
     assert len(bucketed) == 3 * len(plain)  # the generic kernels, and a static copy per bucket
     static = [t for t in bucketed if all(isinstance(v, tvm.tirx.IntImm) for p in t.mod["main"].params for v in p.shape)]
     assert len(static) == 2 * len(plain) and all(t.weight >= 1 for t in bucketed)
+
+
+def test_measure_and_profile_read_the_version_the_inputs_run():
+    """measure / kernel_profile of a bucketed build report the kernels its inputs dispatch to: a
+    bucket's static kernels (bytes as the static build's) or the generic ones."""
+    from tvmfuse.runtime import kernel_profile, measure
+
+    c = tvmfuse.build(Mlp, "llvm", "tvmfuse", buckets={"n": [64]})
+    static = tvmfuse.build(relax.transform.BindSymbolicVars({"n": 64})(Mlp), "llvm", "tvmfuse")
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((32, 64)).astype("float32"), rng.standard_normal((64, 32)).astype("float32")
+    at = lambda n: [rng.standard_normal((n, 32)).astype("float32"), w1, w2]  # noqa: E731
+    assert c.function_for(at(64)) == "main__n_64" and c.function_for(at(9)) == "main__generic"
+    m, ms = measure(c, at(64), run=False), measure(static, at(64), run=False)
+    assert (m.launches, m.bytes_moved) == (ms.launches, ms.bytes_moved) and m.launches > 0
+    names = {r["name"] for r in kernel_profile(c, at(64), runs=1)}
+    assert names == set(c.call_sites("main__n_64"))
+    generic = {r["name"] for r in kernel_profile(c, at(9), runs=1)} - {"shape_func"}  # the VM's shape helper
+    assert generic == set(c.call_sites("main__generic"))

@@ -99,6 +99,19 @@ class Compiled:
         """Kernels called by `function` (default: main, or the generic version of a bucketed build)."""
         return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.mod[function or self.kernel_function])]
 
+    def function_for(self, arrays) -> str:
+        """The Relax function these inputs run: main, or in a bucketed build the version main
+        dispatches them to (the bucket whose sizes they have, else main__generic)."""
+        if not self.buckets:
+            return "main"
+        sizes = {}
+        for dims, a in zip(self._dims, arrays):
+            for d, n in zip(dims or (), np.shape(a)):
+                if isinstance(d, str):
+                    sizes.setdefault(d, int(n))
+        return next((fn for combo, fn in self.buckets if all(sizes.get(d) == s for d, s in combo.items())),
+                    "main__generic")
+
     def bucket_launches(self) -> dict[str, int]:
         """Launches per version of a bucketed build: {"seq=32": n, ..., "generic": n}; {} otherwise."""
         if not self.buckets:

@@ -37,10 +37,10 @@ class Measurement:
         return asdict(self)
 
 
-def bytes_moved(mod: tvm.IRModule) -> tuple[int, int, int]:
-    """(bytes, tensor reads, tensor writes) of all kernels of main, per inference."""
+def bytes_moved(mod: tvm.IRModule, func: str = "main") -> tuple[int, int, int]:
+    """(bytes, tensor reads, tensor writes) of all kernels of `func` (main), per inference."""
     total = reads = writes = 0
-    for var, _, args, out_ty in call_tir_sites(mod["main"]):
+    for var, _, args, out_ty in call_tir_sites(mod[func]):
         for a in args:
             if isinstance(a.ty, relax.TensorType):
                 total += tensor_bytes(a.ty)
@@ -50,9 +50,9 @@ def bytes_moved(mod: tvm.IRModule) -> tuple[int, int, int]:
     return total, reads, writes
 
 
-def unplanned_peak(mod: tvm.IRModule) -> int:
-    """Liveness peak of intermediates of main: a tensor lives from its binding to its last use."""
-    func = mod["main"]
+def unplanned_peak(mod: tvm.IRModule, func: str = "main") -> int:
+    """Liveness peak of intermediates of `func` (main): a tensor lives from its binding to its last use."""
+    func = mod[func]
     bindings = [bd for b in func.body.blocks for bd in b.bindings]
     outputs = set(relax.analysis.free_vars(func.body.body))
     for bd in reversed(bindings):  # a var bound to an output by alias/tuple is an output too
@@ -86,21 +86,22 @@ class _StorageCollector(relax.PyExprVisitor):
         super().visit_call_(call)
 
 
-def planned_peak(mod: tvm.IRModule) -> int:
+def planned_peak(mod: tvm.IRModule, func: str = "main") -> int:
     T = relax.transform
     lowered = tvm.transform.Sequential(
         [T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite(), T.StaticPlanBlockMemory()]
     )(mod)
     c = _StorageCollector()
-    c.visit_expr(lowered["main"])
+    c.visit_expr(lowered[func])
     return sum(c.sizes)
 
 
 class KernelCounter:
     """vm.set_instrument hook: counts PrimFunc invocations and their host-side time."""
 
-    def __init__(self, dev):
+    def __init__(self, dev, skip=frozenset()):
         self.dev, self.counts, self.times, self._t0 = dev, {}, {}, {}
+        self.skip = skip  # calls that are no kernels (Relax functions, VM helpers): see not_kernels
 
     def __call__(self, func, func_symbol, before_run, ret_value, *args):
         if before_run:
@@ -113,7 +114,14 @@ class KernelCounter:
         return 0  # VMInstrumentReturnKind.NO_OP
 
     def kernels(self):
-        return {k: v for k, v in self.counts.items() if not k.startswith("vm.builtin")}
+        return {k: v for k, v in self.counts.items() if not k.startswith("vm.builtin") and k not in self.skip}
+
+
+def not_kernels(compiled) -> frozenset:
+    """Names the VM instrument reports that are no kernels: the module's Relax functions (a bucketed
+    build calls its versions of main) and the helper VMShapeLower adds for symbolic If conditions."""
+    return frozenset({gv.name_hint for gv, f in compiled.mod.functions_items() if isinstance(f, relax.Function)}
+                     | {"compute_symbolic_expr"})
 
 
 def weighted_launches(calls: dict[str, int], kernels_per_func: dict[str, int] | None) -> int:
@@ -133,7 +141,7 @@ def dynamic_launches(compiled, args, kernels_per_func: dict[str, int] | None = N
     if kernels_per_func is None and is_gpu(compiled.target):
         kernels_per_func = compiled.kernels_per_func()
     vm = compiled.vm()
-    kc = KernelCounter(compiled.device)
+    kc = KernelCounter(compiled.device, not_kernels(compiled))
     vm.set_instrument(kc)
     vm["main"](*args)
     k = kc.kernels()
@@ -149,11 +157,11 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
     inference), share (of the kernels' summed time) and outputs (the Relax vars it writes)."""
     args = compiled.convert_inputs(inputs)
     sites, tuple_items = {}, {}
-    for block in compiled.mod["main"].body.blocks:
+    for block in compiled.mod[compiled.function_for(inputs)].body.blocks:
         for bd in block.bindings:
             if isinstance(bd.value, relax.TupleGetItem) and isinstance(bd.value.tuple_value, relax.Var):
                 tuple_items.setdefault(bd.value.tuple_value.name, []).append(bd.var.name)
-    for var, gv, targs, out_ty in call_tir_sites(compiled.mod["main"]):
+    for var, gv, targs, out_ty in call_tir_sites(compiled.mod[compiled.function_for(inputs)]):
         s = sites.setdefault(gv.name_hint, {"bytes": 0, "outputs": []})
         s["bytes"] += sum(tensor_bytes(a.ty) for a in targs if isinstance(a.ty, relax.TensorType))
         s["bytes"] += tensor_bytes(out_ty)
@@ -162,7 +170,7 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
     t0 = time.perf_counter()
     vm["main"](*args)  # warm-up
     runs = max(1, min(runs, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
-    kc = KernelCounter(compiled.device)
+    kc = KernelCounter(compiled.device, not_kernels(compiled))
     vm.set_instrument(kc)
     for _ in range(runs):
         vm["main"](*args)
@@ -224,9 +232,10 @@ def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50, budget_s=3
 
 def measure(compiled, inputs, run: bool = True, repeat: int = 15) -> Measurement:
     """Static figures always; dynamic launches and latency when `run` and the device exists."""
-    nbytes, reads, writes = bytes_moved(compiled.mod)
-    m = Measurement(compiled.fusion, compiled.launches, None, nbytes, reads, writes,
-                    planned_peak(compiled.mod), unplanned_peak(compiled.mod))
+    fn = compiled.function_for(inputs)  # main, or the version of a bucketed build these inputs run
+    nbytes, reads, writes = bytes_moved(compiled.mod, fn)
+    m = Measurement(compiled.fusion, compiled.launches_of(fn), None, nbytes, reads, writes,
+                    planned_peak(compiled.mod, fn), unplanned_peak(compiled.mod, fn))
     if run:
         args = compiled.convert_inputs(inputs)
         m.dynamic_launches, _ = dynamic_launches(compiled, args)
