@@ -249,3 +249,28 @@ def test_bert_tiny_symbolic_sequence_compiles_for_cuda_with_no_host_fallback():
     rules = _rules(c)
     assert rules.count("cuda.Attention") == 2 and c.kernels_per_func()["fused_attention"] == 1
     assert rules.count("dlight.gpu.Matmul") >= 8, rules
+
+
+@I.ir_module
+class Doubled:  # after the concat, every shape is 2 * n: no buffer of the fused group binds n itself
+    @R.function
+    def main(x: R.Tensor(("n", 8), "float32")):
+        with R.dataflow():
+            c = R.concat([x, x], axis=0)
+            y = R.sum(R.add(c, R.const(1.0, "float32")), axis=[1], keepdims=True)
+            z = R.rsqrt(R.add(y, R.const(100.0, "float32")))
+            R.output(z)
+        return z
+
+
+def test_a_group_whose_shapes_only_hold_2n_takes_n_as_a_scalar_parameter():
+    """Found by fuzzing: "variables (n,) are used, but are not passed in as API arguments". The
+    group's PrimFunc takes n after its tensors and the call passes it, as legalization does."""
+    c = tvmfuse.build(Doubled, "llvm", "tvmfuse", max_group_size=2)  # concat apart from the rest
+    scalar = [gv.name_hint for gv, f in c.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+              and any(not hasattr(p, "shape") for p in f.params)]
+    assert scalar, "no fused kernel takes n"
+    for n in (1, 3, 6):
+        x = np.random.default_rng(n).standard_normal((n, 8)).astype(F32)
+        c2 = np.concatenate([x, x])
+        np.testing.assert_allclose(c(x), 1 / np.sqrt((c2 + 1).sum(1, keepdims=True) + 100), rtol=1e-5)

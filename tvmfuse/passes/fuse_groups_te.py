@@ -60,8 +60,25 @@ def _lower_group(g, members):
             if used_out:
                 outs.append(v)
     te_outs = [env.values[v] for v in outs]
-    pf = te.create_prim_func(env.inputs + te_outs)
-    return pf, list(env.sources), outs
+    extra = _unbound_vars(env.inputs + te_outs)
+    pf = te.create_prim_func(env.inputs + extra + te_outs)  # scalars after the tensor inputs, as legalization does
+    return pf, list(env.sources) + extra, outs
+
+
+def _unbound_vars(tensors) -> list:
+    """Symbolic vars the group's shapes use that no buffer binds (no dim is the bare var: only
+    `2 * n` after a concat, say). The PrimFunc takes them as scalar parameters and the call passes
+    them (after its tensor arguments), as TVM's legalization does; without them the kernel cannot be
+    compiled ("variables (n,) are used, but are not passed in as API arguments": found by fuzzing)."""
+    bare, used = [], []
+    for t in tensors:
+        for d in t.shape:
+            if isinstance(d, tvm.tirx.Var) and not any(d.same_as(b) for b in bare):
+                bare.append(d)
+            for v in tvm.tirx.analysis.undefined_vars(d):
+                if not any(v.same_as(u) for u in used):
+                    used.append(v)
+    return [v for v in used if not any(v.same_as(b) for b in bare)]
 
 
 def _topo_units(g, units):
