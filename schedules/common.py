@@ -112,6 +112,15 @@ def schedule_spatial_block(sch, block_rv):
             sch.parallel(outer)
         sch.vectorize(loops[-1])
         return
+    if len(loops) > 1 and last and last >= n and any(extent(sch, lp) is None for lp in loops[:-1]):
+        # a symbolic outer extent (the rows of a padded operand copy, a dynamic batch or sequence):
+        # fused with the static row it could only run as scalars, an index division per element;
+        # rows in parallel, each row vectorized
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        sch.parallel(outer)
+        if last % n == 0:
+            sch.vectorize(sch.split(loops[-1], [None, n])[1])
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
     if ext is not None and ext % n == 0 and ext >= n * CPU["min_parallel_extent"]:
