@@ -28,7 +28,8 @@ _COMMON = {
     "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
     "conv_oc_vectors": 2,  # channel-vector conv tile: vector registers of output channels ...
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
-    "attn_row_groups": 2,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys)
+    "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);
+    # fewer where the tasks would not keep every core busy (cpu_attention: >= 4 tasks per core)
     "attn_keys": 32,  # ... keys per online-softmax step (one rescale of the accumulator each)
     "attn_out_vectors": 2,  # ... P·V: accumulator chunk per query row, in vector registers
     # stages calling these are not inlined into several consumers (recompute costs more than a re-read)
