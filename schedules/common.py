@@ -215,6 +215,7 @@ def join_tile(sch, block_rv, loop_rv) -> bool:
     the join is tried on a copy first, and kept only when every loop it made has a constant
     extent, the sign of an exact rectangle (a ragged tile's predicate on constant loops is fine)."""
     trial = sch.copy()
+    points = _product(iv.dom.extent for iv in sch.get(block_rv).iter_vars)  # the epilogue's own domain
     try:
         trial.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     except tvm.s_tir.ScheduleError:
@@ -224,5 +225,19 @@ def join_tile(sch, block_rv, loop_rv) -> bool:
     k = next(i for i, lp in enumerate(loops) if trial.get(lp).same_as(at))
     if not all(isinstance(trial.get(lp).extent, tvm.tirx.IntImm) for lp in loops[k + 1:]):
         return False
+    # the joined nest must still visit every point of the epilogue: a concat of the tile with
+    # another tensor is larger than the tile, and the part the tile does not produce would never
+    # be written (found by fuzzing: rows of a matmul+concat left uninitialised)
+    from tvm.sym import Analyzer
+
+    if Analyzer().can_prove(_product(trial.get(lp).extent for lp in loops) < points):
+        return False
     sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     return True
+
+
+def _product(extents):
+    out = tvm.tirx.const(1, "int64")
+    for e in extents:
+        out = out * tvm.tirx.Cast("int64", e) if e.dtype != "int64" else out * e
+    return out
