@@ -239,5 +239,5 @@ def join_tile(sch, block_rv, loop_rv) -> bool:
 def _product(extents):
     out = tvm.tirx.const(1, "int64")
     for e in extents:
-        out = out * tvm.tirx.Cast("int64", e) if e.dtype != "int64" else out * e
+        out = out * (tvm.tirx.const(int(e), "int64") if isinstance(e, (int, tvm.tirx.IntImm)) else tvm.tirx.Cast("int64", e))
     return out
