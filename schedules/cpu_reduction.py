@@ -138,6 +138,11 @@ class FullReduction(ScheduleRule):
         for b in chain.blocks:  # TVM's rfactor trips over sibling blocks that have no loop
             if not sch.get_loops(b):
                 sch.add_unit_loop(b)
+        # siblings (sum and max of one input) share one pass; a reduction that reads another's
+        # result (a variance after its mean) needs that result whole first: its own pass after it
+        # (found by fuzzing: merged, the variance read the mean before any chunk had been added)
+        siblings = not any(_reaches(sch, later, earlier) for i, earlier in enumerate(chain.reductions)
+                           for later in chain.reductions[i + 1:])
         chunks, blocks = [], []
         for b in chain.reductions:
             p = _parallel_partials(sch, b)
@@ -145,6 +150,10 @@ class FullReduction(ScheduleRule):
                 return None
             chunks.append(p[0])
             blocks.append(p[1])
+        if not siblings:  # one parallel pass per reduction, in program order
+            for c in chunks:
+                sch.parallel(c)
+            return sch.mod["main"]
         # merge puts the merged loop where its last argument stood: pass the first chunk loop last,
         # so every partial is computed before any block that reads it (checked, not assumed)
         merged = sch.merge(*reversed(chunks)) if len(chunks) > 1 else chunks[0]
@@ -155,6 +164,19 @@ class FullReduction(ScheduleRule):
             sch.merge(*reversed(blocks))  # within a chunk, block by block: the siblings re-read it from L1
         sch.parallel(merged)
         return sch.mod["main"]
+
+
+def _reaches(sch, block_rv, target_rv) -> bool:
+    """target is a (transitive) producer of block."""
+    seen, todo = [], [block_rv]
+    while todo:
+        for p in sch.get_producers(todo.pop()):
+            if sch.get(p).same_as(sch.get(target_rv)):
+                return True
+            if not any(sch.get(p).same_as(sch.get(q)) for q in seen):
+                seen.append(p)
+                todo.append(p)
+    return False
 
 
 def _parallel_partials(sch, block_rv):
