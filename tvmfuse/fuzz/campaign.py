@@ -30,6 +30,8 @@ class Summary:
     dtypes: dict = field(default_factory=dict)
     multi_output: int = 0  # graphs whose main returns a tuple
     with_knobs: int = 0  # graphs fused by tvmfuse under non-default knobs
+    symbolic: int = 0  # graphs built once with a symbolic leading dim and checked at two sizes
+    attention: int = 0  # graphs with the attention composite (a softmax between two matmuls)
     launches: dict = field(default_factory=lambda: {"none": 0, "tvm": 0, "tvmfuse": 0})  # summed
     baseline_failures: list = field(default_factory=list)  # the unfused build fails: not fusion
     failures: list = field(default_factory=list)  # {seed, kind, variant, detail, spec_id, spec}
@@ -40,7 +42,7 @@ class Summary:
     def text(self) -> str:
         lines = [f"engine {self.engine}, seed {self.seed}, max_ops {self.max_ops}: {self.seconds:.0f} s",
                  f"graphs tried: {self.graphs} ({self.distinct} distinct), multi-output: {self.multi_output}, "
-                 f"non-default knobs: {self.with_knobs}, "
+                 f"non-default knobs: {self.with_knobs}, symbolic: {self.symbolic}, attention: {self.attention}, "
                  f"graphs with inputs of dtype: {self.dtypes}",
                  f"kernel launches summed over the graphs: {self.launches}",
                  "ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(self.ops.items()))]
@@ -75,6 +77,9 @@ class _Tally:
             s.dtypes[dt] = s.dtypes.get(dt, 0) + 1
         s.multi_output += len(spec["outputs"]) > 1
         s.with_knobs += bool(spec.get("knobs"))
+        s.symbolic += bool(spec.get("symbolic"))
+        ops = [o["op"] for o in spec["ops"]]
+        s.attention += "softmax" in ops and ops.count("matmul") >= 2
         for v, n in out.launches.items():
             s.launches[v] += n
         if out.kind == "baseline" and len(s.baseline_failures) < 50:
