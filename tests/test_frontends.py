@@ -172,10 +172,26 @@ def test_from_onnx_file_matches_onnxruntime(tmp_path):
     assert launches["tvmfuse"] <= launches["tvm"]
 
 
-def test_from_onnx_symbolic_batch_needs_shapes():
+def test_from_onnx_keeps_a_named_symbolic_batch():
+    """dim_param "N" not fixed by shapes= stays symbolic: one build runs every batch, fused like
+    the static import, and matches ONNX Runtime."""
     model = _onnx_mlp(batch="N")
-    with pytest.raises(FrontendError, match=r"input 'x' has symbolic dimensions.*shapes=\{'x'"):
+    mod = tvmfuse.from_onnx(model)
+    assert str(mod["main"].params[0].ty.shape.values[0]) == "N"
+    c = tvmfuse.build(mod, "llvm", "tvmfuse")
+    assert c.launches == tvmfuse.build(tvmfuse.from_onnx(model, shapes={"x": [4, 16]}), "llvm", "tvmfuse").launches
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for n in (1, 4, 9):
+        x = np.random.default_rng(n).standard_normal((n, 16)).astype("float32")
+        np.testing.assert_allclose(c(x), sess.run(None, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_from_onnx_shapes_fix_symbolic_dims_and_unnamed_ones_need_them():
+    model = _onnx_mlp(batch="N")
+    model.graph.input[0].type.tensor_type.shape.dim[0].ClearField("dim_param")  # unknown, no name
+    with pytest.raises(FrontendError, match=r"input 'x' has unknown, unnamed dimensions.*shapes=\{'x'"):
         tvmfuse.from_onnx(model)
+    model = _onnx_mlp(batch="N")
     mod = tvmfuse.from_onnx(model, shapes={"x": [5, 16]})
     assert [int(d) for d in mod["main"].params[0].ty.shape.values] == [5, 16]
     with pytest.raises(FrontendError, match=r"\['y'\], which are not inputs"):

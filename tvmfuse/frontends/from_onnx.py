@@ -5,8 +5,9 @@ Contract:
   valid ONNX protobuf, or a model onnx.checker rejects is a FrontendError saying which;
 - every node's op_type is checked against TVM's ONNX converter table first: an unsupported op is a
   FrontendError naming the op and the nodes that use it;
-- `shapes` ({input name: [dims]}) fixes input shapes; an input with a symbolic dimension that
-  `shapes` does not fix is a FrontendError (fusion needs static shapes) naming the input;
+- `shapes` ({input name: [dims]}) fixes input shapes; a named symbolic dimension (`dim_param`,
+  "batch") that `shapes` does not fix stays symbolic (one build for every size, like torch.export's
+  Dims; docs/dynamic-shapes.md); an unnamed unknown dimension is a FrontendError naming the input;
 - converted with `tvm.relax.frontend.onnx.from_onnx`, then `common.normalize`.
   `params="constants"` (default) embeds the initializers; `params="inputs"` returns `(mod, params)`
   like from_torch.
@@ -56,14 +57,15 @@ def unsupported_ops(model) -> list[tuple[str, list[str]]]:
 
 
 def graph_inputs(model) -> list[tuple[str, list, str]]:
-    """(name, dims with None for symbolic ones, dtype) of the real inputs (not initializers)."""
+    """(name, dims: ints, the dim_param name of a symbolic one, None for an unnamed unknown one, dtype)
+    of the real inputs (not initializers)."""
     inits = {t.name for t in model.graph.initializer}
     out = []
     for vi in model.graph.input:
         if vi.name in inits:
             continue
         tt = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
         out.append((vi.name, dims, _ONNX_DTYPES.get(tt.elem_type, "float32")))
     return out
 
@@ -90,9 +92,11 @@ def from_onnx(path_or_model, shapes: dict | None = None, *, params: str = "const
     for name, dims, dtype in ins:
         dims = list(shapes.get(name, dims))
         if any(d is None or (isinstance(d, int) and d <= 0) for d in dims):
-            raise FrontendError(f"input '{name}' has symbolic dimensions {dims}; fix them with "
+            raise FrontendError(f"input '{name}' has unknown, unnamed dimensions {dims}; fix them with "
                                 f"shapes={{'{name}': [...]}}")
-        shape_dict[name], dtype_dict[name] = dims, dtype
+        dtype_dict[name] = dtype
+        if all(isinstance(d, int) for d in dims):
+            shape_dict[name] = dims  # else TVM's importer keeps each named dim a symbolic var
     try:
         with GRAPH_LOCK:  # TVM's importer opens BlockBuilder function scopes (relax_utils.py)
             mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict,
