@@ -230,7 +230,11 @@ def join_tile(sch, block_rv, loop_rv) -> bool:
     # be written (found by fuzzing: rows of a matmul+concat left uninitialised)
     from tvm.sym import Analyzer
 
-    if Analyzer().can_prove(_product(trial.get(lp).extent for lp in loops) < points):
+    visited = _product(trial.get(lp).extent for lp in loops)
+    a = Analyzer()
+    for v in tvm.tirx.analysis.undefined_vars(visited - points):  # symbolic extents: at least 1
+        a.bind(v, tvm.ir.Range(tvm.tirx.const(1, str(v.ty)), tvm.tirx.const(2**31 - 1, str(v.ty))))
+    if not a.can_prove(visited >= points):  # unprovable: decline (a symbolic concat, 2n rows)
         return False
     sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     return True

@@ -274,3 +274,23 @@ def test_a_group_whose_shapes_only_hold_2n_takes_n_as_a_scalar_parameter():
         x = np.random.default_rng(n).standard_normal((n, 8)).astype(F32)
         c2 = np.concatenate([x, x])
         np.testing.assert_allclose(c(x), 1 / np.sqrt((c2 + 1).sum(1, keepdims=True) + 100), rtol=1e-5)
+
+
+@I.ir_module
+class MatmulConcat:  # the matmul tile covers n rows, the epilogue 2n: a join would leave n unwritten
+    @R.function
+    def main(x: R.Tensor(("n", 16), "float32"), w: R.Tensor((16, 16), "float32"),
+             y: R.Tensor(("n", 16), "float32")):
+        with R.dataflow():
+            z = R.concat([R.matmul(x, w), y], axis=0)
+            R.output(z)
+        return z
+
+
+def test_a_matmul_with_a_symbolic_concat_epilogue_writes_every_row():
+    c = tvmfuse.build(MatmulConcat, "llvm", "tvmfuse")
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((16, 16)).astype(F32)
+    for n in (5, 40, 100):
+        x, y = rng.standard_normal((n, 16)).astype(F32), rng.standard_normal((n, 16)).astype(F32)
+        np.testing.assert_allclose(c(x, w, y), np.concatenate([x @ w, y]), rtol=1e-5, atol=1e-5)

@@ -139,9 +139,11 @@ class Compiled:
         return counts
 
     def host_fallbacks(self) -> list[str]:
-        """CUDA only: PrimFuncs called from main that produced no GPU kernel (silently on the host)."""
+        """CUDA only: PrimFuncs called from main (from every version of a bucketed build) that
+        produced no GPU kernel (silently on the host)."""
         per = self.kernels_per_func()
-        return sorted({n for n in self.call_sites() if per.get(n, 0) == 0})
+        functions = [None] + [fn for _combo, fn in self.buckets]
+        return sorted({n for fn in functions for n in self.call_sites(fn) if per.get(n, 0) == 0})
 
     @property
     def launches(self) -> int:

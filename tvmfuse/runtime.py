@@ -99,9 +99,9 @@ def planned_peak(mod: tvm.IRModule, func: str = "main") -> int:
 class KernelCounter:
     """vm.set_instrument hook: counts PrimFunc invocations and their host-side time."""
 
-    def __init__(self, dev, skip=frozenset()):
+    def __init__(self, dev, only=None):
         self.dev, self.counts, self.times, self._t0 = dev, {}, {}, {}
-        self.skip = skip  # calls that are no kernels (Relax functions, VM helpers): see not_kernels
+        self.only = only  # the names that are kernels (kernel_names), None: every non-builtin call
 
     def __call__(self, func, func_symbol, before_run, ret_value, *args):
         if before_run:
@@ -114,14 +114,15 @@ class KernelCounter:
         return 0  # VMInstrumentReturnKind.NO_OP
 
     def kernels(self):
-        return {k: v for k, v in self.counts.items() if not k.startswith("vm.builtin") and k not in self.skip}
+        return {k: v for k, v in self.counts.items()
+                if not k.startswith("vm.builtin") and (self.only is None or k in self.only)}
 
 
-def not_kernels(compiled) -> frozenset:
-    """Names the VM instrument reports that are no kernels: the module's Relax functions (a bucketed
-    build calls its versions of main) and the helper VMShapeLower adds for symbolic If conditions."""
-    return frozenset({gv.name_hint for gv, f in compiled.mod.functions_items() if isinstance(f, relax.Function)}
-                     | {"compute_symbolic_expr"})
+def kernel_names(compiled) -> frozenset:
+    """The PrimFuncs of the built module: what the VM instrument reports that is a kernel. Not the
+    Relax functions a bucketed build calls (its versions of main), nor the host helpers codegen
+    adds for symbolic shapes (shape_func, compute_symbolic_expr*)."""
+    return frozenset(gv.name_hint for gv, f in compiled.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
 
 
 def weighted_launches(calls: dict[str, int], kernels_per_func: dict[str, int] | None) -> int:
@@ -141,7 +142,7 @@ def dynamic_launches(compiled, args, kernels_per_func: dict[str, int] | None = N
     if kernels_per_func is None and is_gpu(compiled.target):
         kernels_per_func = compiled.kernels_per_func()
     vm = compiled.vm()
-    kc = KernelCounter(compiled.device, not_kernels(compiled))
+    kc = KernelCounter(compiled.device, kernel_names(compiled))
     vm.set_instrument(kc)
     vm["main"](*args)
     k = kc.kernels()
@@ -170,7 +171,7 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
     t0 = time.perf_counter()
     vm["main"](*args)  # warm-up
     runs = max(1, min(runs, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
-    kc = KernelCounter(compiled.device, not_kernels(compiled))
+    kc = KernelCounter(compiled.device, kernel_names(compiled))
     vm.set_instrument(kc)
     for _ in range(runs):
         vm["main"](*args)

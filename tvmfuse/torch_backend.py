@@ -8,7 +8,7 @@ tvmfuse is installed. For each FX graph dynamo captures, `tvmfuse_backend(gm, ex
 Options (`torch.compile(..., options={...})`): `fusion` ("none" / "tvm" / "tvmfuse"), `target`
 ("llvm"), `tuning_logs`, `freeze` (default True: parameters dynamo passes as inputs are baked in as
 constants, folded and pre-packed at build; a call after one was changed in place, an optimizer
-step, runs eagerly with a warning), `buckets` (with dynamic=True: a list of sizes for every symbolic size of the
+step, or rebound with `.data =`, runs eagerly with a warning), `buckets` (with dynamic=True: a list of sizes for every symbolic size of the
 graph, or {dynamo symbol: sizes}; static versions for those sizes inside the one build, see
 tvmfuse.build), and any fusion knob (tvmfuse/config.py).
 
@@ -102,7 +102,7 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
         for k, i in enumerate(list(keep)):
             t = example_inputs[i]
             if isinstance(t, torch.nn.Parameter) and not any(not isinstance(d, int) for d in info[keep.index(i)][0]):
-                frozen[i] = (placeholders[i].name, t, t._version)
+                frozen[i] = (placeholders[i].name, t, (t._version, t.data_ptr()))
         info = [inf for i, inf in zip(keep, info) if i not in frozen]
         keep = [i for i in keep if i not in frozen]
     if drop or scalars or frozen:
@@ -124,7 +124,7 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
         if any(args[i].item() != v for i, (_n, v) in scalars.items()):  # a baked float changed
             log.warning("tvmfuse backend: a float input changed since the build; this call runs eagerly")
             return eager(*args)
-        if any(args[i] is not t or t._version != v for i, (_n, t, v) in frozen.items()):
+        if any(args[i] is not t or (t._version, t.data_ptr()) != v for i, (_n, t, v) in frozen.items()):
             log.warning("tvmfuse backend: a parameter changed since the build (it was baked in as a constant; "
                         "options={'freeze': False} keeps parameters as inputs); this call runs eagerly")
             return eager(*args)
@@ -154,8 +154,18 @@ def _buckets(buckets, info):
 
 def _embedding(node, importer):
     """F.embedding(ids, weight, ...) as dynamo captures it (a call_function; TVM's FX importer has
-    only the nn.Embedding module form): a take of the weight rows, as that form lowers."""
-    return importer._embedding_impl(importer.env[node.args[0]], importer.env[node.args[1]])
+    only the nn.Embedding module form): a take of the weight rows, as that form lowers. Also
+    torch.embedding(weight, ids), the same name with the operands the other way round."""
+    import torch
+
+    if node.target is torch.nn.functional.embedding:
+        ids, weight = node.args[0], node.args[1] if len(node.args) > 1 else node.kwargs["weight"]
+        max_norm = node.args[3] if len(node.args) > 3 else node.kwargs.get("max_norm")
+        if max_norm is not None:  # renormalizes the weight rows in place: not a pure lookup
+            raise NotImplementedError("F.embedding with max_norm (it rewrites the weights in place)")
+    else:
+        weight, ids = node.args[0], node.args[1]
+    return importer._embedding_impl(importer.env[ids], importer.env[weight])
 
 
 def tvmfuse_size(x, dim: int):

@@ -78,17 +78,19 @@ def _name(combo: dict) -> str:
     return "main__" + "__".join(f"{d}_{s}" for d, s in combo.items())
 
 
-def _branch(params, callee_gv, callee, ret_ty) -> relax.SeqExpr:
-    """Call `callee` (static shapes) with main's `params`, the result cast back to main's `ret_ty`."""
+def _branch(params, callee_gv, bound, ret_ty) -> relax.SeqExpr:
+    """Call the bucket's version with main's `params` cast to its shapes, the result cast back to
+    main's `ret_ty`. `bound` is main with the bucket's dims bound but its other symbolic vars main's
+    own (already defined by main's parameters): the casts define no var of another function."""
     bindings, args = [], []
-    for p, q in zip(params, callee.params):
+    for p, q in zip(params, bound.params):
         if tvm_ffi_equal(p.ty, q.ty):
             args.append(p)
         else:
             v = relax.Var(f"{p.name}_b", q.ty)
             bindings.append(relax.MatchCast(v, p, q.ty))
             args.append(v)
-    r = relax.Var("r_b", callee.ret_ty)
+    r = relax.Var("r_b", bound.ret_ty)
     bindings.append(relax.VarBinding(r, relax.Call(callee_gv, args)))
     out = relax.Var("out_b", ret_ty)
     bindings.append(relax.MatchCast(out, r, ret_ty))
@@ -114,7 +116,7 @@ def add_buckets(mod: tvm.IRModule, buckets: dict) -> tvm.IRModule:
         bound = relax.transform.BindSymbolicVars({syms[d]: s for d, s in combo.items()})(tvm.IRModule({"main": main}))
         f = _renamed(relax.utils.copy_with_new_vars(bound["main"]), _name(combo))
         gv = bb.add_func(f, _name(combo))
-        specialized.append((combo, gv, f))
+        specialized.append((combo, gv, bound["main"]))  # its types in main's own vars (not f's fresh ones)
     # main: a chain of If's over the buckets, the generic version last
     params = list(main.params)
     ret_ty = main.ret_ty
