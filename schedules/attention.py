@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 
 SPEC_ATTR = "tvmfuse.attention"
@@ -87,28 +88,55 @@ class Spec:
 
 
 def read_spec(func):
-    """The Spec of a fused attention PrimFunc, or None when it is not one (or has a compound
-    symbolic extent, which match_attention never lets through)."""
+    """The Spec of a fused attention PrimFunc, or None when it is not one (or an extent is not
+    expressible in the kernel's variables).
+
+    Symbolic variables get kernel names (`sym0`, ...). A variable that some buffer has as a bare
+    dim is declared in the kernel and bound from that buffer (`preamble`); one that appears only
+    in compound dims (`n + 3` after a concat) is a scalar parameter of the PrimFunc, as
+    fuse_groups_te passes it. A compound extent becomes TVMScript text over the kernel names."""
     import tvm
+    from tvm.sym import Analyzer
 
     text = func.attrs.get(SPEC_ATTR) if func.attrs else None
     if text is None:
         return None
-    alias, params = {}, []
-    for i, p in enumerate(func.params):
-        shape = []
-        for x in p.shape:  # TVM 0.27: a PrimFunc parameter is its buffer
-            if isinstance(x, tvm.tirx.IntImm):
-                shape.append(int(x))
-            elif isinstance(x, tvm.tirx.Var):
-                shape.append(alias.setdefault(x.name, f"sym{len(alias)}"))
-            else:
-                return None
-        params.append((f"p{i}", tuple(shape), str(p.dtype)))
+    alias, params, texts, scalars = {}, [], {}, set()
+    for p in func.params:  # scalar parameters first: their names are fixed by the signature
+        if getattr(p, "shape", None) is None:
+            scalars.add(alias.setdefault(p.name, f"sym{len(alias)}"))
+
+    def extent(x):
+        if isinstance(x, tvm.tirx.IntImm):
+            return int(x)
+        if isinstance(x, tvm.tirx.Var):
+            return alias.setdefault(x.name, f"sym{len(alias)}")
+        free = tvm.tirx.analysis.undefined_vars(x)
+        if not all(v.name in alias for v in free):
+            return None
+        names = {v.name: alias[v.name] for v in free}  # identifiers: renamed in the printed text
+        pattern = r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?!\w)"
+        out = f"({re.sub(pattern, lambda m: names[m.group(1)], str(x))})"
+        texts[str(Analyzer().simplify(x))] = out  # the spec writes SymDim's simplified form
+        return out
+
+    buffers = [p for p in func.params if getattr(p, "shape", None) is not None]
+    for p in buffers:  # bare variables first: compound dims are written over their names
+        for x in p.shape:
+            if isinstance(x, tvm.tirx.Var):
+                extent(x)
+    for i, p in enumerate(func.params):  # TVM 0.27: a buffer parameter is its buffer
+        if getattr(p, "shape", None) is None:
+            params.append((alias[p.name], None, str(p.ty.dtype)))
+            continue
+        shape = tuple(extent(x) for x in p.shape)
+        if any(x is None for x in shape):
+            return None
+        params.append((f"p{i}", shape, str(p.dtype)))
     raw = json.loads(str(text))
 
     def mapped(shape):
-        return [x if isinstance(x, int) else alias[x] for x in shape]
+        return [x if isinstance(x, int) else alias[x] if x in alias else texts[x] for x in shape]
 
     try:
         for key in ("q_shape", "k_shape", "v_shape", "out_shape", "score_shape"):
@@ -116,9 +144,10 @@ def read_spec(func):
         for step in raw["steps"]:
             for ref in step[1:]:
                 ref["shape"] = mapped(ref["shape"])
-    except KeyError:  # a symbolic variable no buffer binds
+    except KeyError:  # an extent no buffer or parameter binds
         return None
-    return Spec(raw, params, tuple(alias.values()))
+    symbols = tuple(v for v in alias.values() if v not in scalars)
+    return Spec(raw, params, symbols)
 
 
 def _unravel(bh: str, lead: tuple) -> list[str]:
@@ -206,7 +235,8 @@ def _shape_text(shape) -> str:
 
 def signature(spec: Spec) -> str:
     """The kernel's parameters: a buffer per static tensor, a handle per symbolic one."""
-    return ", ".join(f'{n}: T.Buffer({_shape_text(s)}, "{d}")' if all(isinstance(x, int) for x in s)
+    return ", ".join(f"{n}: T.{d}" if s is None
+                     else f'{n}: T.Buffer({_shape_text(s)}, "{d}")' if all(isinstance(x, int) for x in s)
                      else f"{n}_h: T.handle" for n, s, d in spec.params)
 
 
@@ -214,5 +244,5 @@ def preamble(spec: Spec, indent: str = "    ") -> str:
     """The symbolic variables declared and bound from the symbolic tensors' shapes ('' when static)."""
     lines = [f"{v} = T.int32()" for v in spec.symbols]
     lines += [f'{n} = T.match_buffer({n}_h, {_shape_text(s)}, "{d}")'
-              for n, s, d in spec.params if not all(isinstance(x, int) for x in s)]
+              for n, s, d in spec.params if s is not None and not all(isinstance(x, int) for x in s)]
     return "".join(f"{indent}{line}\n" for line in lines)

@@ -294,3 +294,34 @@ def test_a_matmul_with_a_symbolic_concat_epilogue_writes_every_row():
     for n in (5, 40, 100):
         x, y = rng.standard_normal((n, 16)).astype(F32), rng.standard_normal((n, 16)).astype(F32)
         np.testing.assert_allclose(c(x, w, y), np.concatenate([x @ w, y]), rtol=1e-5, atol=1e-5)
+
+
+@I.ir_module
+class ConcatAttention:  # a prefix of 3 cached keys/values ahead of n new ones: every seq dim is n + 3
+    @R.function
+    def main(q: R.Tensor((1, 2, "n", 16), "float32"), k: R.Tensor((1, 2, "n", 16), "float32"),
+             v: R.Tensor((1, 2, "n", 16), "float32"), pk: R.Tensor((1, 2, 3, 16), "float32"),
+             pv: R.Tensor((1, 2, 3, 16), "float32")):
+        with R.dataflow():
+            kk = R.concat([pk, k], axis=2)
+            vv = R.concat([pv, v], axis=2)
+            s = R.multiply(R.matmul(q, R.permute_dims(kk, [0, 1, 3, 2])), R.const(0.25, "float32"))
+            o = R.matmul(R.nn.softmax(s, axis=-1), vv)
+            R.output(o)
+        return o
+
+
+def test_attention_over_a_compound_symbolic_dim_is_one_kernel_and_matches():
+    """Keys of length n + 3 (a concat with a prefix): the flash kernel takes n as a scalar
+    parameter and writes the extent as `n + 3` (found by fuzzing, seed 41903's neighbourhood)."""
+    c = tvmfuse.build(ConcatAttention, "llvm", "tvmfuse")
+    assert any(g.kind == "flash attention" for g in c.plan.groups), [(g.names, g.te_refused) for g in c.plan.groups]
+    assert "cpu.Attention" in _rules(c) and "cpu.Fallback" not in _rules(c), _rules(c)
+    rng = np.random.default_rng(5)
+    pk, pv = (rng.standard_normal((1, 2, 3, 16)).astype(F32) for _ in range(2))
+    for n in (1, 6, 70):
+        q, k, v = (rng.standard_normal((1, 2, n, 16)).astype(F32) for _ in range(3))
+        kk, vv = np.concatenate([pk, k], 2), np.concatenate([pv, v], 2)
+        s = q @ kk.transpose(0, 1, 3, 2) * 0.25
+        e = np.exp(s - s.max(-1, keepdims=True))
+        np.testing.assert_allclose(c(q, k, v, pk, pv), e / e.sum(-1, keepdims=True) @ vv, rtol=1e-4, atol=1e-5)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..relax_utils import NOMINAL_EXTENT
 from .spec import make_inputs, to_module
 
 TOL = {"float32": 1e-4, "float16": 2e-2}  # rtol; atol = rtol * max(1, max |reference|)
@@ -114,6 +115,18 @@ def check_spec(spec: dict, target="llvm", input_seed: int = 0) -> Outcome:
     return Outcome(True, launches=launches)
 
 
+def _static_launches_at_nominal(spec, target) -> int:
+    """tvmfuse's launches for the static graph at n = NOMINAL_EXTENT, the size the planner weighs a
+    symbolic dim at. Where a knob caps the groups (max_group_size), greedy merging takes the most
+    profitable edges first, and which those are depends on sizes: the static plan at n=7 and the
+    symbolic one (weighed at the nominal size) may pick different, equally legal, merges (found by
+    fuzzing, seed 41903). At the nominal size both weigh alike, so a difference there is a real
+    gap in symbolic legality."""
+    import tvmfuse
+
+    return tvmfuse.build(to_module(spec, NOMINAL_EXTENT), target, "tvmfuse", **spec.get("knobs", {})).launches
+
+
 def _check_symbolic(spec, target, input_seed, tol, launches, static_ref) -> Outcome:
     """The spec with its symbolic dim (spec["symbolic"]): tvm and tvmfuse built ONCE, symbolic, run
     at each size against the unfused static build of that size; tvmfuse launches no more than it
@@ -139,8 +152,10 @@ def _check_symbolic(spec, target, input_seed, tol, launches, static_ref) -> Outc
                 return Outcome(True, "symbolic-baseline", variant + "/symbolic", detail, launches)
             return Outcome(False, "build", variant + "/symbolic", detail, launches)
     if built["tvmfuse"].launches > launches["tvmfuse"]:
-        return Outcome(False, "launches", "tvmfuse/symbolic", f"symbolic build launches {built['tvmfuse'].launches} "
-                       f"> static {launches['tvmfuse']}", launches)
+        nominal = _static_launches_at_nominal(spec, target)
+        if built["tvmfuse"].launches > nominal:
+            return Outcome(False, "launches", "tvmfuse/symbolic", f"symbolic build launches {built['tvmfuse'].launches} "
+                           f"> static {launches['tvmfuse']} (and {nominal} at n={NOMINAL_EXTENT})", launches)
     for size in spec["symbolic"]["sizes"]:
         inputs = make_inputs(spec, input_seed, size)
         try:  # at the spec's own size, the unfused static output the static check computed

@@ -232,20 +232,12 @@ def _prod(ds):
     return out if isinstance(out, int) else SymDim(out)
 
 
-def _bare(d) -> bool:
-    """A dim the kernel can take: a constant, or one symbolic variable (`seq`, not `seq * 2`), which
-    the kernel binds from its buffer's shape."""
-    return isinstance(d, int) or isinstance(d.expr, tvm.tirx.Var)
-
-
 def _check_shapes(m: AttentionMatch):
     shapes = {name: dims(e.ty) if isinstance(e.ty, relax.TensorType) else None
               for name, e in (("Q", m.q), ("K", m.k), ("V", m.v), ("O", m.out))}
     for name, s in shapes.items():
         if s is None or not 2 <= len(s) <= 4:
             return f"{name} has no known shape of rank 2 to 4"
-        if not all(_bare(d) for d in s):
-            return f"{name} has a compound symbolic dim {[str(d) for d in s]}: the kernel binds only bare variables"
     for name, e in (("Q", m.q), ("K", m.k), ("V", m.v)):
         if e.ty.dtype != "float32":
             return f"{name} is {e.ty.dtype}: the attention kernel is float32"
@@ -270,7 +262,7 @@ def _check_shapes(m: AttentionMatch):
         for e in step[1:]:
             s = dims(e.ty) if isinstance(e.ty, relax.TensorType) else None
             if s is None or len(s) > len(m.score_shape) or any(
-                    a not in (1, b) for a, b in zip(s[::-1], m.score_shape[::-1])) or not all(_bare(a) for a in s):
+                    a not in (1, b) for a, b in zip(s[::-1], m.score_shape[::-1])):
                 return f"a {step[0]} operand of shape {s} does not broadcast to the scores {list(m.score_shape)}"
     return None
 
@@ -294,8 +286,11 @@ def find(g):
 
 
 def _json_dim(d):
-    """A dim in the spec: an int, or the name of its symbolic variable (the kernel binds it)."""
-    return d if isinstance(d, int) else str(d.expr.name)
+    """A dim in the spec: an int, the name of its symbolic variable, or the text of a compound
+    extent (`n + 3`); schedules/attention.read_spec maps them onto the kernel's parameters."""
+    if isinstance(d, int):
+        return d
+    return str(d.expr.name) if isinstance(d.expr, tvm.tirx.Var) else str(d.expr)
 
 
 def spec(m: AttentionMatch, sources: list, out_shape) -> str:
