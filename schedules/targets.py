@@ -27,6 +27,9 @@ _COMMON = {
     "conv_rows": 2,  # ... x output rows ...
     "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
     "conv_oc_vectors": 2,  # channel-vector conv tile: vector registers of output channels ...
+    # a 1x1 conv whose rows fill less than this % of the conv tile's columns runs as a matmul over
+    # its pixels (passes/conv1x1_matmul.py; AVX2: 7-wide rows fill 58%, 14-wide 78%)
+    "conv1x1_matmul_fill": 70,
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
     "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);
     # fewer where the tasks would not keep every core busy (cpu_attention: >= 4 tasks per core)

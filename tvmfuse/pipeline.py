@@ -3,7 +3,8 @@
   phase           what happens                                                 where
   normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
   fold_constants  constants folded; BatchNorm and other per-channel affine      passes/fold_batch_norm.py
-                  chains folded into conv/matmul weights (every variant alike)
+                  chains folded into conv/matmul weights; 1x1 convs on small   passes/conv1x1_matmul.py
+                  maps as matmuls over pixels (llvm) (every variant alike)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
                   plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
@@ -122,7 +123,11 @@ def phase_passes(phase: str, opts: Options) -> list:
     if phase == "normalize":
         return library_passes(t)
     if phase == "fold_constants":
-        return constant_passes()
+        if t.kind.name != "llvm":
+            return constant_passes()
+        from .passes.conv1x1_matmul import conv1x1_as_matmul
+
+        return constant_passes() + [conv1x1_as_matmul(schedules.targets.cpu_table(t))]
     if phase == "fuse":
         return graph_passes(opts.fusion, opts.knobs)
     if phase == "mark_constants":
