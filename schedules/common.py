@@ -206,14 +206,24 @@ def pack_at_build_time(sch, block_rv) -> bool:
     return True
 
 
-def join_tile(sch, block_rv, loop_rv) -> bool:
+def spatial_points(sch, block_rv):
+    """The number of points a block computes: the product of its spatial iterators' extents (take
+    it before pad_einsum pads the domain)."""
+    return _product(iv.dom.extent for iv in sch.get(block_rv).iter_vars if int(iv.iter_type) == 0)
+
+
+def join_tile(sch, block_rv, loop_rv, produced=None) -> bool:
     """reverse_compute_at(block, loop) when the tile's region maps to a rectangle of the block's
     own domain; False (nothing changed) otherwise. A reshape between the tile and the epilogue can
     make it a ragged staircase: a [16, 49] tile of columns read back as [16, 7, 7] covers parts
     of several rows. TVM then sizes the epilogue's loops by expressions of the outer loop and a
     predicate that misses points (measured: wrong results for a 1x1 conv on a flattened map). So
     the join is tried on a copy first, and kept only when every loop it made has a constant
-    extent, the sign of an exact rectangle (a ragged tile's predicate on constant loops is fine)."""
+    extent, the sign of an exact rectangle (a ragged tile's predicate on constant loops is fine).
+    `produced` (spatial_points of the tile's block, unpadded) bounds what the join can cover: the
+    loops of a padded or predicated tile visit more points than it writes, so an epilogue larger
+    than the tile's real output (a concat with another tensor) must not pass on the loop count
+    (found by fuzzing, seed 80358: a ragged N = 49 matmul + concat left two rows unwritten)."""
     trial = sch.copy()
     points = _product(iv.dom.extent for iv in sch.get(block_rv).iter_vars)  # the epilogue's own domain
     try:
@@ -236,6 +246,11 @@ def join_tile(sch, block_rv, loop_rv) -> bool:
         a.bind(v, tvm.ir.Range(tvm.tirx.const(1, str(v.ty)), tvm.tirx.const(2**31 - 1, str(v.ty))))
     if not a.can_prove(visited >= points):  # unprovable: decline (a symbolic concat, 2n rows)
         return False
+    if produced is not None:
+        for v in tvm.tirx.analysis.undefined_vars(produced - points):
+            a.bind(v, tvm.ir.Range(tvm.tirx.const(1, str(v.ty)), tvm.tirx.const(2**31 - 1, str(v.ty))))
+        if not a.can_prove(produced >= points):
+            return False
     sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     return True
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from tvm import s_tir
 
 from .common import (block_bits, extent, join_tile, lanes, operands_of_reduction, pack_at_build_time,
-                     schedule_spatial, schedule_spatial_block, single_reduction)
+                     schedule_spatial, schedule_spatial_block, single_reduction, spatial_points)
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
@@ -47,6 +47,7 @@ class Conv2D(ScheduleRule):
         epilogue = [i.block_rv for i in infos[infos.index(conv) + 1:]]
         if is_output(sch, conv.block_rv):  # a bare conv: accumulate on chip, the store is the epilogue
             epilogue = [sch.cache_write(conv.block_rv, 0, "global")]
+        produced = spatial_points(sch, conv.block_rv)
         v = lanes(block_bits(sch, conv.block_rv))
         by_channel = extent(sch, sch.get_loops(conv.block_rv)[-n_red - 3]) % v == 0
         tile = _channel_tile(sch, conv.block_rv, n_red) if by_channel else None
@@ -55,7 +56,7 @@ class Conv2D(ScheduleRule):
             return None
         at, rc = tile
         for b in epilogue:  # the epilogue joins the tile (unless a reshape cuts the tile: join_tile)
-            if join_tile(sch, b, at):
+            if join_tile(sch, b, at, produced):
                 _vectorize_last(sch, b)
             else:
                 schedule_spatial_block(sch, b)

@@ -25,7 +25,7 @@ import tvm
 from tvm import s_tir
 
 from .common import (block_bits, extent, join_tile, lanes, pack_at_build_time, schedule_spatial_block,
-                     single_reduction)
+                     single_reduction, spatial_points)
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
@@ -46,6 +46,7 @@ class Matmul(ScheduleRule):
         after = [i.block_rv for i in infos[infos.index(red) + 1:]]
         was_output = is_output(sch, mm)
         producers = {sch.get(b).name_hint for b in sch.get_producers(mm)}
+        produced = spatial_points(sch, mm)  # before _tile pads a ragged M or N
         tile = _tile(sch, mm)
         if tile is None:
             return None
@@ -61,7 +62,7 @@ class Matmul(ScheduleRule):
             after = [sch.cache_write(mm, 0, "global")]
         pack, packed = _pack_panels(sch, mm) or (None, None)
         for block in after:  # the epilogue joins the tile, in program order ...
-            if join_tile(sch, block, outer_rows):
+            if join_tile(sch, block, outer_rows, produced):
                 _vectorize_tile(sch, block, outer_rows)
             else:  # ... unless it also reads a sibling output computed outside the tile, or
                 schedule_spatial_block(sch, block)  # reads the tile back through a reshape that cuts it
