@@ -12,7 +12,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from .check import check_spec
+from .check import Outcome, check_spec
 from .gen import ALL_OPS, RandomSource, generate
 from .shrink import hypothesis_search, shrink_seed
 from .spec import spec_id, spec_ops, to_module
@@ -121,8 +121,12 @@ def run(minutes: float, seed: int = 0, max_ops: int = 8, engine: str = "random",
             if not out.ok and out.kind != "baseline" and _signature(out) not in sigs:
                 sigs.add(_signature(out))
                 kind = out.kind
-                small = shrink_seed(cur, max_ops, lambda sp: checked(sp, cur).kind == kind, budget=80) or spec
-                _record(s, cur, small, check_spec(small))
+                small = shrink_seed(cur, max_ops, lambda sp: checked(sp, cur).kind == kind, budget=80)
+                again = check_spec(small or spec)
+                if again.ok:  # failed once, passed on re-check: keep the first outcome, marked flaky
+                    small, again = spec, Outcome(False, out.kind, out.variant, "flaky (passed on re-check): "
+                                                 + out.detail, out.launches)
+                _record(s, cur, small or spec, again)
         if progress and k % 25 == 0:
             progress(f"[fuzz] {s.graphs} graphs, {len(s.failures)} failures, {time.monotonic() - t0:.0f} s")
     s.seconds = time.monotonic() - t0
