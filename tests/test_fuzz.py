@@ -99,3 +99,24 @@ def test_injected_fusion_fault_is_caught_and_shrunk(monkeypatch):
     assert small is not None and "subtract" in spec_ops(small)
     assert len(small["ops"]) <= 5 < len(_spec(failing)["ops"]), small
     assert check_spec(small).variant == "tvmfuse"
+
+
+def test_a_flaky_failure_keeps_its_first_outcome(monkeypatch):
+    """A graph that fails once and passes on re-check is recorded with the first failure's detail,
+    marked flaky (the 10,000-graph campaign recorded two such as a bare "ok")."""
+    from tvmfuse.fuzz import campaign
+    from tvmfuse.fuzz.check import Outcome
+
+    calls = []
+
+    def once(spec, *args, **kwargs):
+        calls.append(spec)
+        return Outcome(False, "mismatch", "tvmfuse", "boom") if len(calls) == 1 else Outcome(True)
+
+    monkeypatch.setattr(campaign, "check_spec", once)
+    monkeypatch.setattr(campaign, "shrink_seed", lambda *a, **k: None)
+    s = campaign.run(minutes=0.0005, seed=1, max_ops=3)
+    assert s.failures, "the first failure was not recorded"
+    f = s.failures[0]
+    assert (f["kind"], f["variant"]) == ("mismatch", "tvmfuse")
+    assert f["detail"] == "flaky (passed on re-check): boom"
