@@ -238,21 +238,22 @@ def join_tile(sch, block_rv, loop_rv, produced=None) -> bool:
     # the joined nest must still visit every point of the epilogue: a concat of the tile with
     # another tensor is larger than the tile, and the part the tile does not produce would never
     # be written (found by fuzzing: rows of a matmul+concat left uninitialised)
-    from tvm.sym import Analyzer
-
     visited = _product(trial.get(lp).extent for lp in loops)
-    a = Analyzer()
-    for v in tvm.tirx.analysis.undefined_vars(visited - points):  # symbolic extents: at least 1
-        a.bind(v, tvm.ir.Range(tvm.tirx.const(1, str(v.ty)), tvm.tirx.const(2**31 - 1, str(v.ty))))
-    if not a.can_prove(visited >= points):  # unprovable: decline (a symbolic concat, 2n rows)
+    # unprovable: decline (a symbolic concat, 2n rows)
+    if not _at_least(visited, points) or (produced is not None and not _at_least(produced, points)):
         return False
-    if produced is not None:
-        for v in tvm.tirx.analysis.undefined_vars(produced - points):
-            a.bind(v, tvm.ir.Range(tvm.tirx.const(1, str(v.ty)), tvm.tirx.const(2**31 - 1, str(v.ty))))
-        if not a.can_prove(produced >= points):
-            return False
     sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     return True
+
+
+def _at_least(a, b) -> bool:
+    """a >= b provably, with every symbolic extent in them at least 1."""
+    from tvm.sym import Analyzer
+
+    an = Analyzer()
+    for v in tvm.tirx.analysis.undefined_vars(a - b):
+        an.bind(v, tvm.ir.Range(tvm.tirx.const(1, str(v.ty)), tvm.tirx.const(2**31 - 1, str(v.ty))))
+    return an.can_prove(a >= b)
 
 
 def _product(extents):
