@@ -1,5 +1,23 @@
 #!/usr/bin/env python
-"""The prepared CUDA run, for a machine with a GPU (the device tool's H200): every zoo workload
+"""The CUDA check of tvmfuse on a GPU, in two phases or in one.
+
+Two phases (a GPU machine with NO TVM compiler, e.g. the device tool's H200; docs/gpu.md):
+
+    ./dev python scripts/device_bundle.py          # .devbundle/site: runtime-only tvm + tvm_ffi (cp312)
+    ./dev python scripts/gpu_check.py prepare [--dir .devbundle/cases] [--arch sm_90] [--target cuda|llvm]
+    # on the GPU machine, runtime-only TVM, no tvmfuse compiler import (scripts/gpu_device.py):
+    python3 scripts/gpu_check.py run [--dir .devbundle/cases] [--out DIR] [--device cuda|cpu]
+
+`prepare` builds every zoo workload (bench shapes) with fusion tvm and tvmfuse, and attention at
+batch 1, 12 heads x 64, seq 128/512/2048 (plain and causal) as tvmfuse (one flash kernel),
+tvmfuse-unfused (attention=False) and stock tvm, for CUDA (sm_90) here, exports each as a .so and
+writes manifest.json (tvmfuse/gpu_cases.py). `run` loads them with tvm.runtime.load_module, checks
+numerics against a float64 reference (torch on the GPU; the numpy one where it was stored), counts
+kernel launches while running, times medians of single calls each after an L2 flush, next to torch
+eager / scaled_dot_product_attention, and writes gpu-run.json and gpu-run.md into --out.
+`prepare --target llvm` + `run --device cpu` is the same flow on the CPU (its self-test).
+
+One phase (`all`, or no subcommand; a machine with a GPU AND the compiler TVM): every zoo workload
 built with fusion="tvm" and fusion="tvmfuse" for CUDA and measured by the benchmark's own code
 (tvmfuse.bench.measure_workload with target="cuda"): outputs checked against numpy (rtol 1e-3,
 atol 1e-4 at least), kernel launches counted while running and from the source, latency as the
@@ -7,24 +25,127 @@ median of single calls, each after an L2 flush. Writes the results as data,
 results/gpu/<arch>-<date>.json (with the exact command line) and .md (the table), and prints
 the table. The defaults fit in a few minutes on one GPU (bench shapes, 5 rounds x 0.1 s).
 
-    ./dev python scripts/gpu_check.py [--arch sm_90] [--size bench] [--out DIR]
+    ./dev python scripts/gpu_check.py [all] [--arch sm_90] [--size bench] [--out DIR]
 
-On a machine without a GPU it stops at once with exit code 3 and says so.
+On a machine without a GPU, `all` and `run --device cuda` stop at once with exit code 3 and say so.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime
 import json
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+DEFAULT_CASES = os.path.join(".devbundle", "cases")
+
+# The driver API symbols libtvm_runtime_cuda.so links (nm -D --undefined-only), plus what cudart
+# probes first; each returns CUDA_ERROR_NO_DEVICE (100).
+_STUB_SYMBOLS = ("cuDeviceGetName", "cuFuncSetAttribute", "cuLaunchKernelEx", "cuModuleGetFunction",
+                 "cuModuleLoadData", "cuModuleUnload", "cuTensorMapEncodeTiled", "cuInit", "cuDriverGetVersion",
+                 "cuGetProcAddress", "cuGetProcAddress_v2", "cuDeviceGet", "cuDeviceGetCount")
+
+
+def cuda_stub_source() -> str:
+    """C source of a libcuda.so.1 stand-in: every entry point fails with CUDA_ERROR_NO_DEVICE, so
+    tvm.cuda(0).exist stays False, but libtvm_runtime_cuda.so loads, and with it TVM's CUDA codegen
+    calls nvcc and keeps the binary (without it the cuda module is CUDA source only)."""
+    lines = ["/* libcuda.so.1 stand-in for building CUDA with TVM on a machine without the driver */",
+             'static const char *msg = "CUDA_ERROR_NO_DEVICE (tvmfuse libcuda stub: no driver here)";',
+             "int cuGetErrorName(int e, const char **s) { *s = msg; return 0; }",
+             "int cuGetErrorString(int e, const char **s) { *s = msg; return 0; }"]
+    lines += [f"int {name}(void) {{ return 100; }}" for name in _STUB_SYMBOLS]
+    return "\n".join(lines) + "\n"
+
+
+def preload_cuda_stub() -> str | None:
+    """Before TVM is imported: where libcuda.so.1 does not load (no driver), compile the stub with
+    cc (soname libcuda.so.1) and load it RTLD_GLOBAL, so libtvm_runtime_cuda.so's dependency
+    resolves to it. Returns the stub's path, or None when the real driver loads."""
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return None
+    except OSError:
+        pass
+    d = tempfile.mkdtemp(prefix="tvmfuse-cudastub-")
+    src, lib = os.path.join(d, "stub.c"), os.path.join(d, "libcuda.so.1")
+    with open(src, "w") as f:
+        f.write(cuda_stub_source())
+    subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-Wl,-soname,libcuda.so.1", "-o", lib, src], check=True)
+    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    return lib
+
+
+def _ints(text):
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def prepare_main(argv) -> int:
+    ap = argparse.ArgumentParser(prog="gpu_check.py prepare",
+                                 description="Build the cases for `run` (needs the compiler TVM; no GPU).")
+    ap.add_argument("--dir", default=DEFAULT_CASES)
+    ap.add_argument("--target", default="cuda", choices=("cuda", "llvm"))
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--size", default="bench")
+    ap.add_argument("--workloads", default="all", help="comma-separated zoo names, all, or none")
+    ap.add_argument("--systems", default="tvm,tvmfuse")
+    ap.add_argument("--attention-seqs", default="128,512,2048", help="'' for none")
+    ap.add_argument("--causal-seqs", default="128,512,2048", help="'' for none")
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--max-ref-kib", type=int, default=2048, help="store the numpy reference up to this size")
+    args = ap.parse_args(argv)
+    stub = preload_cuda_stub() if args.target == "cuda" else None
+    from tvmfuse import bench_cli
+
+    bench_cli.quiet_runtimes()
+    from tvmfuse import gpu_cases, workloads
+
+    names = (workloads.names() if args.workloads == "all" else [] if args.workloads == "none"
+             else [n.strip() for n in args.workloads.split(",") if n.strip()])
+    command = " ".join(["./dev python scripts/gpu_check.py prepare", shlex.join(argv)]).strip()
+    t0 = time.time()
+    m = gpu_cases.prepare(args.dir, args.target, args.arch, args.size, names,
+                          [s.strip() for s in args.systems.split(",") if s.strip()],
+                          _ints(args.attention_seqs), _ints(args.causal_seqs), args.heads, args.head_dim,
+                          args.max_ref_kib << 10, command, log=lambda s: print(s, flush=True))
+    m["prepared"]["cuda_stub"] = stub
+    with open(os.path.join(args.dir, gpu_cases.MANIFEST), "w") as f:
+        json.dump(m, f, indent=1)
+    total = sum(os.path.getsize(os.path.join(args.dir, f)) for f in os.listdir(args.dir))
+    print(f"{len(m['cases'])} cases in {args.dir} ({total / 2**20:.1f} MiB), {time.time() - t0:.0f}s"
+          + (f"; libcuda stub {stub}" if stub else ""))
+    for f in m["failed"]:
+        print(f"not built: {f['id']}: {f['error']}")
+    return 0
+
+
+def run_main(argv) -> int:
+    if HERE not in sys.path:
+        sys.path.insert(0, HERE)
+    import gpu_device  # scripts/: runtime-only, imports no tvmfuse
+
+    return gpu_device.main(argv)
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["prepare"]:
+        return prepare_main(argv[1:])
+    if argv[:1] == ["run"]:
+        return run_main(argv[1:])
+    return all_main(argv[1:] if argv[:1] == ["all"] else argv)
+
+
+def all_main(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--size", default="bench")
@@ -32,7 +153,6 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5, help="interleaved timing rounds")
     ap.add_argument("--budget", type=float, default=0.1, help="seconds of flushed calls per system per round")
     ap.add_argument("--out", default=os.path.join("results", "gpu"))
-    argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
     from tvmfuse import bench_cli
 

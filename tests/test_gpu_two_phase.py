@@ -1,0 +1,110 @@
+"""The two-phase GPU check without a GPU: `prepare` (tvmfuse.gpu_cases) writes exported cases and a
+manifest; `run` (scripts/gpu_device.py, runtime-only TVM, no tvmfuse import) loads them and checks,
+counts and times them. Here on llvm + the CPU, the flow the device runs on CUDA."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tvmfuse import gpu_cases, workloads
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+
+import gpu_device  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("cases"))
+    m = gpu_cases.prepare(d, "llvm", size="small", names=["softmax_chain"], attention_seqs=(16,), causal_seqs=(16,),
+                          heads=2, head_dim=8, log=lambda s: None)
+    return d, m
+
+
+def _run(d, out, *extra):
+    env = dict(os.environ, TVM_USE_RUNTIME_LIB="1")
+    return subprocess.run([sys.executable, "scripts/gpu_check.py", "run", "--dir", d, "--device", "cpu", "--out", out,
+                           "--bundle", os.path.join(d, "no-bundle"), "--no-torch", "--rounds", "1", "--budget", "0.01",
+                           *extra], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_manifest_describes_each_case(cases):
+    d, m = cases
+    assert m["prepared"]["target_kind"] == "llvm" and not m["failed"]
+    ids = [c["id"] for c in m["cases"]]
+    assert ids == ["softmax_chain.tvm", "softmax_chain.tvmfuse"] + [
+        f"{g}-s16.{s}" for g in ("attention", "attention_causal") for s in ("tvmfuse", "tvmfuse-unfused", "tvm")]
+    with open(os.path.join(d, gpu_cases.MANIFEST)) as f:
+        assert json.load(f)["cases"] == m["cases"]
+    c = {c["id"]: c for c in m["cases"]}
+    assert c["softmax_chain.tvm"]["launches"] == 2 and c["softmax_chain.tvmfuse"]["launches"] == 1
+    assert c["attention-s16.tvmfuse"]["launches"] == 1 and c["attention-s16.tvm"]["launches"] > 1
+    w = workloads.get("softmax_chain", "small")
+    # the run phase regenerates the inputs; prepare records their digest, and both agree
+    assert c["softmax_chain.tvm"]["input_sha256"] == gpu_cases.inputs_digest(w.inputs())
+    assert gpu_device.inputs_digest(gpu_device.make_inputs(c["softmax_chain.tvm"])) == gpu_cases.inputs_digest(
+        w.inputs())
+    with np.load(os.path.join(d, c["softmax_chain.tvm"]["ref"])) as z:
+        np.testing.assert_array_equal(z["out0"], w.reference(*w.inputs()))
+    assert all(os.path.exists(os.path.join(d, x["file"])) and not gpu_cases.check_binary(os.path.join(d, x["file"]))
+               for x in m["cases"])  # llvm: no fatbin
+
+
+def test_numpy_attention_reference_matches_the_workload(cases):
+    _, m = cases
+    for case in (x for x in m["cases"] if x["id"].endswith(".tvm") and "attention" in x):
+        mask = case["attention"]["mask"]
+        w = workloads.attention_workload(1, 16, 2, 8, mask=mask)
+        x = gpu_device.make_inputs(case)
+        (ref,), _ = gpu_device.attention_reference(case, x, None, "cpu")
+        np.testing.assert_allclose(ref, w.reference(*w.inputs()), rtol=1e-5, atol=1e-6)
+
+
+def test_run_phase_is_runtime_only_and_checks_counts_and_times(cases, tmp_path):
+    d, _ = cases
+    p = _run(d, str(tmp_path))
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.load(open(tmp_path / "gpu-run.json"))
+    assert res["env"]["runtime_only"] and res["env"]["compiler_modules"] == []
+    rows = {r["group"]: r for r in res["rows"]}
+    assert set(rows) == {"softmax_chain", "attention-s16", "attention_causal-s16"}
+    sm = rows["softmax_chain"]["systems"]
+    assert sm["tvm"]["ran"] == sm["tvm"]["launches"] == 2 and sm["tvmfuse"]["ran"] == 1
+    assert all(s["ok"] and s["ms"] > 0 and s["samples"] >= 1 for r in rows.values() for s in r["systems"].values())
+    assert rows["attention-s16"]["reference"] == "numpy float64" and rows["softmax_chain"]["inputs_match_prepare"]
+    md = open(tmp_path / "gpu-run.md").read()
+    assert "| softmax_chain |" in md and "| 16 | causal |" in md
+
+
+def test_run_phase_reports_a_wrong_result(cases, tmp_path):
+    d, m = cases
+    bad = str(tmp_path / "cases")
+    shutil.copytree(d, bad)
+    ref = next(c["ref"] for c in m["cases"] if c["workload"] == "softmax_chain")
+    with np.load(os.path.join(bad, ref)) as z:
+        out = z["out0"].copy()
+    out[3, 5] += 1.0
+    np.savez_compressed(os.path.join(bad, ref), out0=out)
+    p = _run(bad, str(tmp_path / "out"), "--only", "softmax_chain")
+    assert p.returncode == 1 and "FAILED: softmax_chain" in p.stderr
+    row = json.load(open(tmp_path / "out" / "gpu-run.json"))["rows"][0]
+    assert not row["systems"]["tvmfuse"]["ok"] and row["systems"]["tvmfuse"]["check"]["max_abs"] >= 0.5
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None or shutil.which("cc") is None, reason="needs nvcc and cc")
+def test_cuda_prepare_exports_a_fatbin_without_a_driver(tmp_path):
+    """Without libcuda, TVM's codegen keeps CUDA source only; prepare's stub driver makes it run nvcc,
+    so the exported library holds a fatbin the device can load."""
+    p = subprocess.run([sys.executable, "scripts/gpu_check.py", "prepare", "--dir", str(tmp_path), "--size", "small",
+                        "--workloads", "softmax_chain", "--systems", "tvmfuse", "--attention-seqs", "",
+                        "--causal-seqs", ""], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (case,) = json.load(open(tmp_path / "manifest.json"))["cases"]
+    assert gpu_cases.check_binary(str(tmp_path / case["file"]))
+    assert case["kernels"] == ["fused_add_relu_softmax_multiply_kernel"] and case["launches"] == 1
+    assert case["kernels_per_func"] == {"fused_add_relu_softmax_multiply": 1} and case["rtol"] >= 1e-3
