@@ -102,6 +102,8 @@ def prepare_main(argv) -> int:
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--head-dim", type=int, default=64)
     ap.add_argument("--max-ref-kib", type=int, default=2048, help="store the numpy reference up to this size")
+    ap.add_argument("--models", default="bert-base", help="full-size models, weights as parameters ('' for none; "
+                                                             "bert-base takes ~7 min to build here)")
     args = ap.parse_args(argv)
     stub = preload_cuda_stub() if args.target == "cuda" else None
     from tvmfuse import bench_cli
@@ -116,7 +118,8 @@ def prepare_main(argv) -> int:
     m = gpu_cases.prepare(args.dir, args.target, args.arch, args.size, names,
                           [s.strip() for s in args.systems.split(",") if s.strip()],
                           _ints(args.attention_seqs), _ints(args.causal_seqs), args.heads, args.head_dim,
-                          args.max_ref_kib << 10, command, log=lambda s: print(s, flush=True))
+                          args.max_ref_kib << 10, command, log=lambda s: print(s, flush=True),
+                          models=[x.strip() for x in args.models.split(",") if x.strip()])
     m["prepared"]["cuda_stub"] = stub
     with open(os.path.join(args.dir, gpu_cases.MANIFEST), "w") as f:
         json.dump(m, f, indent=1)

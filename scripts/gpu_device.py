@@ -139,10 +139,21 @@ def load_torch_forms():
 
 
 # ---------------------------------------------------------------- inputs and checks
-def make_inputs(case):
-    """The case's inputs exactly as tvmfuse.workloads.Workload.inputs() makes them."""
+def make_inputs(case, case_dir="."):
+    """The case's inputs exactly as tvmfuse.workloads.Workload.inputs() makes them; a model's as
+    its input_gen says (stored in inputs_file, or tvmfuse.gpu_cases.generated_weight)."""
     import numpy as np
 
+    if "input_gen" in case:
+        out = []
+        with np.load(os.path.join(case_dir, case["inputs_file"])) as z:
+            for g, (_name, shape, dtype) in zip(case["input_gen"], case["inputs"]):
+                if g["rule"] == "stored":
+                    out.append(z[g["key"]])
+                else:  # "normal": the same expression as gpu_cases.generated_weight
+                    out.append(np.random.default_rng(g["seed"]).standard_normal(tuple(shape), dtype=np.float32)
+                               * np.float32(g["scale"]))
+        return out
     rng = np.random.default_rng(case["seed"])
     out = []
     for name, shape, dtype in case["inputs"]:
@@ -349,6 +360,13 @@ def torch_peers(case, inputs, torch, device, forms):
         res = res if isinstance(res, tuple) else (res,)
         return call, tuple(r.float().cpu().numpy() for r in res), tol
 
+    if "model" in case:
+        fn = model_peer(case, inputs, torch, device)
+        if isinstance(fn, str):
+            return {"torch": fn}
+        ids = t[0]
+        out["torch"] = entry(lambda: fn(ids))
+        return out
     if "attention" not in case:
         if forms is None or case.get("torch_form") not in forms:
             return {"torch": "no torch form"}
@@ -388,6 +406,25 @@ def torch_peers(case, inputs, torch, device, forms):
         except Exception as err:  # no flash kernel for this GPU / build
             out["torch sdpa fp16 flash"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
     return out
+
+
+def model_peer(case, inputs, torch, device):
+    """The BERT in transformers (if installed here) with the case's weights: f(ids) -> hidden
+    states, or why not."""
+    if "bert_config" not in case["model"]:
+        return f"no torch form of {case['model']['name']}"
+    try:
+        from transformers import BertConfig, BertModel
+    except ImportError:
+        return "transformers is not installed here"
+    bert = BertModel(BertConfig(**case["model"]["bert_config"])).eval()
+    with torch.no_grad():
+        for name, a in zip(case["module_names"], inputs[1:]):
+            n = name[len("bert."):] if name.startswith("bert.") else name
+            t = bert.get_parameter(n) if n in dict(bert.named_parameters()) else bert.get_buffer(n)
+            t.copy_(torch.from_numpy(a))
+    bert = bert.to(device)
+    return lambda ids: bert(input_ids=ids).last_hidden_state
 
 
 # ---------------------------------------------------------------- driver
@@ -437,7 +474,7 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
     first = cases[0]
     row = {"group": gname, "workload": first["workload"], "attention": first.get("attention"), "systems": {},
            "skipped": {}, "errors": {}, "flops": first.get("flops"), "min_bytes": first.get("min_bytes")}
-    inputs = make_inputs(first)
+    inputs = make_inputs(first, args.dir)
     row["inputs_match_prepare"] = inputs_digest(inputs) == first.get("input_sha256")
     tdev = "cuda" if args.device == "cuda" else "cpu"
     if "attention" in first:

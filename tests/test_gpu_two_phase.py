@@ -102,9 +102,26 @@ def test_cuda_prepare_exports_a_fatbin_without_a_driver(tmp_path):
     so the exported library holds a fatbin the device can load."""
     p = subprocess.run([sys.executable, "scripts/gpu_check.py", "prepare", "--dir", str(tmp_path), "--size", "small",
                         "--workloads", "softmax_chain", "--systems", "tvmfuse", "--attention-seqs", "",
-                        "--causal-seqs", ""], cwd=ROOT, capture_output=True, text=True, timeout=300)
+                        "--causal-seqs", "", "--models", ""], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     (case,) = json.load(open(tmp_path / "manifest.json"))["cases"]
     assert gpu_cases.check_binary(str(tmp_path / case["file"]))
     assert case["kernels"] == ["fused_add_relu_softmax_multiply_kernel"] and case["launches"] == 1
     assert case["kernels_per_func"] == {"fused_add_relu_softmax_multiply": 1} and case["rtol"] >= 1e-3
+
+
+def test_a_model_with_generated_weights_runs_from_its_manifest(tmp_path):
+    """bert-tiny with its weights as parameters: the run phase regenerates the big weights by the
+    rule prepare used (same sha256), takes the small ones from the npz, and matches torch eager."""
+    pytest.importorskip("transformers")
+    d = str(tmp_path / "cases")
+    m = gpu_cases.prepare(d, "llvm", size="small", names=[], attention_seqs=(), causal_seqs=(), systems=("tvmfuse",),
+                          models=("bert-tiny",), log=lambda s: None)
+    (case,) = m["cases"]
+    assert case["model"]["name"] == "bert-tiny" and len(case["inputs"]) == len(case["input_gen"]) > 30
+    assert {g["rule"] for g in case["input_gen"]} == {"stored", "normal"}
+    assert gpu_device.inputs_digest(gpu_device.make_inputs(case, d)) == case["input_sha256"]
+    p = _run(d, str(tmp_path / "out"))
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = json.load(open(tmp_path / "out" / "gpu-run.json"))["rows"][0]
+    assert row["inputs_match_prepare"] and row["systems"]["tvmfuse"]["ok"] and row["systems"]["tvmfuse"]["ran"] > 1

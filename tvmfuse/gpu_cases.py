@@ -28,6 +28,7 @@ import os
 import platform
 import subprocess
 import time
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -132,9 +133,84 @@ def _write_ref(w, out_dir, max_ref_bytes) -> tuple[str | None, str]:
     return name, digest
 
 
+MODEL_WEIGHT_SCALE = 0.02  # BERT's initializer_range: the generated weights are N(0, 0.02)
+MODEL_MIN_GENERATED = 4096  # weights with fewer elements (biases, LayerNorm) are stored as they are
+
+
+def generated_weight(seed: int, shape, scale: float = MODEL_WEIGHT_SCALE) -> np.ndarray:
+    """A model weight both phases make alike: numpy default_rng(seed) float32 normals x scale."""
+    return np.random.default_rng(seed).standard_normal(tuple(shape), dtype=np.float32) * np.float32(scale)
+
+
+# transformers BertConfig keyword arguments of the models with a two-phase form (bert-tiny: the one
+# of tvmfuse.models, for the CPU self-test)
+BERT_CONFIGS = {
+    "bert-base": {"attn_implementation": "eager"},
+    "bert-tiny": {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
+                  "vocab_size": 100, "max_position_embeddings": 256, "attn_implementation": "eager"},
+}
+
+
+def bert_case(out_dir, target, systems, model="bert-base", size="bench", log=print):
+    """A BERT (transformers BertModel(BertConfig(**BERT_CONFIGS[model])), eager attention, batch 1,
+    seq 128 at bench size) with its weights as parameters of main (from_torch(params="inputs")), so
+    each library stays small (BERT-base: ~3 MB instead of ~440 MB). The run phase cannot get the
+    weights from transformers, so the big ones are replaced by generated_weight(1000 + i) (a rule
+    both phases know); the small ones and the input ids travel in <model>-<size>.inputs.npz. The
+    reference is torch eager (here, CPU, float32) with those weights. Returns (cases, failed)."""
+    import torch
+    from transformers import BertConfig
+
+    from . import models
+    from .frontends.from_torch import from_torch
+    from .roofline import graph_flops
+
+    kwargs = BERT_CONFIGS[model]
+    cfg = BertConfig(**kwargs)
+    module = models._bert_module(cfg).eval()
+    ids = models._ids(size, cfg.vocab_size)
+    mod, params = from_torch(module, (torch.from_numpy(ids),), params="inputs")
+    main_params = [p.name for p in mod["main"].params]
+    n_in = len(main_params) - len(params)
+    # torch.export names a weight "p_" + its module path with dots as underscores, lower-cased
+    owners = {("p_" + n.replace(".", "_")).lower(): n for n, _ in module.named_parameters()}
+    owners.update({("b_" + n.replace(".", "_")).lower(): n for n, _ in module.named_buffers()})
+    stored, gen, arrays, names = {"in0": ids}, [{"rule": "stored", "key": "in0"}], [ids], []
+    for i, (pname, w) in enumerate(zip(main_params[n_in:], params)):
+        if pname.lower() not in owners:
+            raise RuntimeError(f"{model}: parameter {pname} of main matches no weight of the torch module")
+        names.append(owners[pname.lower()])
+        if w.dtype == np.float32 and w.size >= MODEL_MIN_GENERATED:
+            a = generated_weight(1000 + i, w.shape)
+            gen.append({"rule": "normal", "seed": 1000 + i, "scale": MODEL_WEIGHT_SCALE})
+        else:
+            a = np.asarray(w)
+            stored[f"w{i}"] = a
+            gen.append({"rule": "stored", "key": f"w{i}"})
+        arrays.append(a)
+    with torch.no_grad():
+        for n, a in zip(names, arrays[1:]):
+            t = module.get_parameter(n) if n in dict(module.named_parameters()) else module.get_buffer(n)
+            t.copy_(torch.from_numpy(a))
+        ref = module(torch.from_numpy(ids)).numpy()
+    name = f"{model}-{size}"
+    np.savez_compressed(os.path.join(out_dir, name + ".inputs.npz"), **stored)
+    np.savez_compressed(os.path.join(out_dir, name + ".ref.npz"), out0=ref)
+    specs = [(p.name, tuple(int(d) for d in p.ty.shape), str(p.ty.dtype)) for p in mod["main"].params]
+    w = SimpleNamespace(name=model, size=size, mod=mod, input_specs=specs, positive=(), seed=0, rtol=1e-3,
+                        atol=1e-3, flops=graph_flops(mod), meta={})
+    extra = {"input_gen": gen, "inputs_file": name + ".inputs.npz", "input_sha256": inputs_digest(arrays),
+             "module_names": names, "model": {"name": model, "bert_config": kwargs, "seq": int(ids.shape[1])}}
+    cases, failed = [], []
+    for s in systems:
+        _try_build(cases, failed, log, w, s, s, {}, target, out_dir, f"{model}.{s}", model, name + ".ref.npz",
+                   extra)
+    return cases, failed
+
+
 def prepare(out_dir, target="cuda", arch="sm_90", size="bench", names=None, systems=("tvm", "tvmfuse"),
             attention_seqs=(128, 512, 2048), causal_seqs=(128, 512, 2048), heads=12, head_dim=64,
-            max_ref_bytes=2 << 20, command="", log=print) -> dict:
+            max_ref_bytes=2 << 20, command="", log=print, models=()) -> dict:
     """Build every case into out_dir and write manifest.json; returns the manifest."""
     import tvm
 
@@ -151,7 +227,7 @@ def prepare(out_dir, target="cuda", arch="sm_90", size="bench", names=None, syst
         if f.endswith((".so", ".npz")) or f == MANIFEST:
             os.remove(os.path.join(out_dir, f))
     cases, failed, t0 = [], [], time.perf_counter()
-    for name in names or workloads.names():
+    for name in workloads.names() if names is None else names:
         w = workloads.get(name, size)
         ref, digest = _write_ref(w, out_dir, max_ref_bytes)
         for s in systems:
@@ -167,6 +243,16 @@ def prepare(out_dir, target="cuda", arch="sm_90", size="bench", names=None, syst
                                                                "head_dim": head_dim, "mask": mask}}
                 _try_build(cases, failed, log, w, sysname, fusion, knobs, t, out_dir, f"{group}.{sysname}", group,
                            ref, extra)
+    for model in models:
+        if model not in BERT_CONFIGS:
+            raise ValueError(f"model {model!r}: the models with a two-phase form are {', '.join(BERT_CONFIGS)}")
+        try:
+            more, bad = bert_case(out_dir, t, systems, model, size, log=log)
+        except Exception as err:  # noqa: BLE001  transformers missing, an import that fails: reported
+            more, bad = [], [{"id": model, "group": model, "system": "all", "error": _short_error(err)}]
+            log(f"{model}: NOT PREPARED: {bad[0]['error']}")
+        cases += more
+        failed += bad
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     manifest = {"prepared": {"date": datetime.datetime.now().isoformat(timespec="seconds"), "target": str(t),
                              "target_kind": t.kind.name, "arch": arch if is_gpu(t) else None, "size": size,
