@@ -172,8 +172,16 @@ def schedule_reduction(sch, info):
     reds = loops[len(lead):]
     inner = lead[-1] if len(lead) >= 2 and reds else None
     n = extent(sch, inner) if inner is not None else None
-    v = lanes(block_bits(sch, info.block_rv))
-    if n and n >= v and (n % v == 0 or n <= 4 * v):
+    bits = block_bits(sch, info.block_rv)
+    v = lanes(bits)
+    w = v
+    while n and w > 1 and n % w:  # the widest power of two dividing the row, up to a vector
+        w //= 2
+    if n and w < v and w >= max(4, v // 2):  # 56 on AVX-512: vectors of 8, not one of 56
+        v = w
+    # else a row that is no multiple of half a vector is one vector only up to 4 ymm registers:
+    # wider (56 lanes of 16) made LLVM spill 100 vectors (max pool on AVX-512)
+    if n and n >= v and (n % v == 0 or n * bits <= 4 * 256):
         outer = lead[:-1]
         if n % v == 0 and n > v:
             outer_w, inner = sch.split(inner, [None, v])

@@ -8,6 +8,8 @@ Rules, in order, each able to decline:
   ColumnReduction - x^T @ g: parallel chunks of rows, vector partial rows (cpu_reduction.py)
   RowReduction  - a row-reduction chain: parallel rows, every stage at the row (cpu_reduction.py)
   FullReduction - reductions to a scalar: parallel chunks x vector partials, sibling chunks merged
+  Pool          - a small-window reduction of one operand (max/avg pooling): rows parallel, the
+                  window unrolled into a vector register of outputs (cpu_pool.py)
   Fallback   - any other func: inline injective stages, parallelise each root block's leading spatial
                loops and vectorize a spatial innermost loop when it is contiguous and divisible
 The same rules are applied to every fusion variant, so comparisons between variants are fair.
@@ -19,6 +21,7 @@ from tvm import s_tir
 from .cpu_attention import Attention
 from .cpu_conv import Conv2D
 from .cpu_matmul import Matmul
+from .cpu_pool import Pool
 from .cpu_reduction import ColumnReduction, FullReduction, RowReduction
 from .common import inline_injective, schedule_reduction, schedule_spatial
 from .rule import ScheduleRule
@@ -54,4 +57,4 @@ class Fallback(ScheduleRule):
 
 
 RULES = [Attention(), Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(),
-         Fallback()]
+         Pool(), Fallback()]

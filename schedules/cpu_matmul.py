@@ -106,8 +106,8 @@ def _vars_read(sch, block_rv):
 def _is_gemv(sch, block_rv) -> bool:
     """M = 1: A read at [.., k] only (no spatial variable but the batch ones B shares), B at
     [.., k, j] in that order (B read [j, k] is a row reduction: each output a contiguous dot
-    product), and enough column panels to keep every core busy (a tall x^T @ g with a few
-    columns is a column reduction: its rows are what to split)."""
+    product), and a column panel for every core (a tall x^T @ g with a few columns is a column
+    reduction: its rows are what to split)."""
     _i, j, k = _ijk(sch, block_rv)
     block = sch.get(block_rv)
     spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
@@ -123,7 +123,7 @@ def _is_gemv(sch, block_rv) -> bool:
         return False  # a symbolic N: the blocked path pads it
     n = int(block.iter_vars[-2].dom.extent)
     panels = -(-n // (lanes(block_bits(sch, block_rv)) * CPU["mm_col_vectors"]))
-    if panels < 2 * num_cores():
+    if panels < num_cores():  # (77 columns are 3 panels of 32 on AVX-512: enough for 2 cores)
         return False
     b_vars = set().union(*[row_chain.vars_in(rg.min) for rg in b_ops[0].region])
     return not (a_ops[0] & spatial) - b_vars  # A's spatial variables are all batch ones

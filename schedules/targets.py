@@ -27,9 +27,14 @@ _COMMON = {
     "conv_rows": 2,  # ... x output rows ...
     "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
     "conv_oc_vectors": 2,  # channel-vector conv tile: vector registers of output channels ...
+    # ... and at most this many accumulators in all: LLVM keeps a step's column broadcasts live
+    # beside them, so 32 registers do not hold 2 x 14 (znver4: 47 vectors spilled per 3x3 conv,
+    # 44-127 GFLOP/s); 2 x 8 spills none (about 200 GFLOP/s on the same shapes)
+    "conv_max_accumulators": 16,
     # a 1x1 conv whose rows fill less than this % of the conv tile's columns runs as a matmul over
     # its pixels (passes/conv1x1_matmul.py; AVX2: 7-wide rows fill 58%, 14-wide 78%)
     "conv1x1_matmul_fill": 70,
+    "pool_max_window": 64,  # cpu.Pool: window elements unrolled per output vector (3x3, 7x7)
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
     "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);
     # fewer where the tasks would not keep every core busy (cpu_attention: >= 4 tasks per core)
@@ -75,9 +80,11 @@ def _cpu_table(mcpu: str, mattr: tuple) -> dict:
         # broadcast, fit the registers (AVX-512: 8 x 2 of 32; AVX2: 4 x 2 of 16, measured best)
         mm_rows=8 if regs >= 32 else 4,
         # ... x this many output columns: an accumulator per (column, channel vector), plus the
-        # weight vectors and the input broadcast, fit the registers (AVX2 2 x 6, AVX-512 2 x 14;
-        # measured on AVX2 over ResNet-50's convs: 57 GFLOP/s with 1 x 14, 84 with 2 x 6)
-        conv_columns=(regs - _COMMON["conv_oc_vectors"] - 1) // _COMMON["conv_oc_vectors"],
+        # weight vectors and the input broadcast, fit the registers, up to conv_max_accumulators
+        # (AVX2 2 x 6, AVX-512 2 x 8). Measured on AVX2 over ResNet-50's convs: 57 GFLOP/s with
+        # 1 x 14, 84 with 2 x 6.
+        conv_columns=min((regs - _COMMON["conv_oc_vectors"] - 1) // _COMMON["conv_oc_vectors"],
+                         _COMMON["conv_max_accumulators"] // _COMMON["conv_oc_vectors"]),
         # flash attention: attn_key_unroll keys x attn_row_vectors score accumulators in registers
         # for QK, attn_pv_rows rows x attn_out_vectors accumulators for P·V (like the matmul's MR)
         attn_key_unroll=8 if regs >= 32 else 4,

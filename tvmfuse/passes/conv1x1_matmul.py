@@ -15,7 +15,7 @@ micro-kernel's panels; a non-constant W gets a permute_dims that the fusion plan
 layout op. Everything after the conv (bias, relu, a residual) reads `y` as before.
 
 Why: the direct conv (schedules/cpu_conv.py) tiles each output row by `conv_columns` pixels, so a
-7-wide row (ResNet-50's layer 4) fills 7 of 12 slots on AVX2 (7 of 14 on AVX-512); the matmul
+7-wide row (ResNet-50's layer 4) fills 7 of 12 slots on AVX2 (7 of 8 on AVX-512: it stays); the matmul
 tiles all Ho*Wo pixels of a map by `mm_rows` and vectorizes over output channels, which are a
 multiple of the vector in these models. Profitability compares the two tiles' fill: the rewrite
 happens when the conv's fill is under `conv1x1_matmul_fill` (targets.py) and below the matmul's.
