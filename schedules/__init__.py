@@ -32,4 +32,8 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
             if str(key).startswith("tvmfuse.") and not (sched.attrs and key in sched.attrs):  # ...) stays
                 sched = sched.with_attr(key, value)  # on a kernel a rule wrote anew
         out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
+    if gpu:  # every kernel, tuned ones too: no vector loads of bool, no stage left on the host
+        for gv, func in list(out.functions_items()):
+            if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and func.attrs.get("tirx.is_scheduled"):
+                out[gv] = cuda.bind_stray_loops(cuda.scalar_bool_loads(func))
     return out

@@ -167,6 +167,7 @@ CUDA = {
     "rules": ("Matmul", "GEMV", "RowReduction", "Reduction", "GeneralReduction", "Fallback"),
     "warp": 32,
     "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
+    "stray_threads": 256,  # threads per block for a stage a rule left without threads (cuda.bind_stray_loops)
     "full_reduction_threads": 1024,  # one thread block for a group of full (0-d) reductions
     "attn_query_rows": 64,  # flash attention (cuda_attention.py): threads (query rows) per block ...
     "attn_key_tile": 32,  # ... keys per shared-memory K/V tile

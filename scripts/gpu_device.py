@@ -316,6 +316,12 @@ def _flat(x):
     return x if isinstance(x, tuple) else (x,)
 
 
+def _step(what):
+    """One line on stderr before each step that can crash the process (the parent of an
+    --isolate run keeps the tail of a crashed child's stderr, so the last line names the step)."""
+    print(f"[step] {what}", file=sys.stderr, flush=True)
+
+
 def tvm_system(case, case_dir, dev, inputs):
     """(call, outputs of a poisoned call, launches while running, facts) for a prepared case."""
     import numpy as np
@@ -323,17 +329,21 @@ def tvm_system(case, case_dir, dev, inputs):
     from tvm.runtime.vm import VirtualMachine
 
     t0 = time.perf_counter()
+    _step(f"{case['id']}: load")
     lib = tvm.runtime.load_module(os.path.join(case_dir, case["file"]))
     vm = VirtualMachine(lib, dev)
     f = vm["main"]
     load_s = time.perf_counter() - t0
+    _step(f"{case['id']}: poisoned call")
     poison = [tvm.runtime.tensor(np.full(a.shape, np.nan, a.dtype) if a.dtype.kind == "f" else np.zeros_like(a), dev)
               for a in inputs]
     r = f(*poison)
     dev.sync()
     del r
     args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    _step(f"{case['id']}: call")
     out = _flat(_to_numpy(f(*args)))
+    _step(f"{case['id']}: counted call")
     counter_vm = VirtualMachine(lib, dev)
     kc = LaunchCounter(case["kernel_funcs"])
     counter_vm.set_instrument(kc)
@@ -512,6 +522,7 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
             s["check_stored"] = compare(out, stored, rtol, atol)
         s["ok"] = bool(s["check"]["ok"] and s.get("check_stored", {"ok": True})["ok"])
     if not args.no_peers:
+        _step(f"{gname}: torch peers")
         try:
             peers = torch_peers(first, inputs, torch, tdev, forms)
         except Exception as err:  # noqa: BLE001
@@ -600,6 +611,73 @@ def _numerics(r):
     return ("ok" if not bad else "FAIL " + ", ".join(bad)) + tail
 
 
+def run_isolated(args, argv) -> int:
+    """--isolate: run every group as a child `gpu_check.py run --only GROUP` and merge their rows
+    into one gpu-run.json / gpu-run.md; a child that dies (a signal) becomes a row whose error is
+    the signal and the last lines of its stderr (the [step] it was in)."""
+    import subprocess
+    import tempfile
+
+    t_start = time.perf_counter()
+    with open(os.path.join(args.dir, "manifest.json")) as f:
+        manifest = json.load(f)
+    order = []
+    for c in manifest["cases"] + manifest.get("failed", []):
+        if c["group"] not in order:
+            order.append(c["group"])
+    only = {g.strip() for g in args.only.split(",") if g.strip()}
+    base, skip = [], False
+    for a in argv:  # the child's arguments: ours without --isolate, --only and --out
+        if skip:
+            skip = False
+            continue
+        if a in ("--only", "--out", "--max-seconds"):
+            skip = True
+            continue
+        if a == "--isolate" or a.startswith(("--only=", "--out=", "--max-seconds=")):
+            continue
+        base.append(a)
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu_check.py")
+    rows, last, rc_all = [], None, 0
+    for g in order:
+        if only and g not in only:
+            continue
+        left = max(1.0, args.max_seconds - (time.perf_counter() - t_start))
+        tmp = tempfile.mkdtemp(prefix=f"gpu-{g}-")
+        cmd = [sys.executable, "-X", "faulthandler", script, "run", *base, "--only", g, "--out", tmp,
+               "--max-seconds", f"{left:.0f}"]
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        sys.stdout.write(p.stdout.split("\n\n")[0].split("\n", 1)[-1] + "\n" if p.stdout else "")
+        path = os.path.join(tmp, "gpu-run.json")
+        if p.returncode in (0, 1) and os.path.exists(path):
+            with open(path) as f:
+                last = json.load(f)
+            rows += last["rows"]
+            rc_all = max(rc_all, p.returncode)
+        else:
+            why = (f"signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}")
+            tail = "\n".join(p.stderr.strip().splitlines()[-12:])
+            print(f"{g}: CRASHED ({why})\n{tail}", flush=True)
+            rows.append({"group": g, "workload": g, "attention": None, "systems": {}, "skipped": {},
+                         "errors": {"run": f"the process died ({why}); stderr tail: {tail[-1500:]}"}})
+            rc_all = 1
+    if last is None:
+        print("error: no group ran to the end", file=sys.stderr)
+        return rc_all or 1
+    wall = time.perf_counter() - t_start
+    command = " ".join(["python3 scripts/gpu_check.py run", shlex.join(argv)]).strip()
+    os.makedirs(args.out, exist_ok=True)
+    timing = last["timing"].rsplit(";", 1)[0] + f"; each group in its own process; {wall:.0f}s in all"
+    result = dict(last, command=command, timing=timing, rows=rows)
+    with open(os.path.join(args.out, "gpu-run.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    table = tables(rows)
+    with open(os.path.join(args.out, "gpu-run.md"), "w") as f:
+        f.write(f"`{command}`\n\n(cases: `{manifest['prepared']['command']}`)\n\n{timing}\n\n{table}\n")
+    print(f"\n{timing}\n\n{table}\n\nwrote {args.out}/gpu-run.json and gpu-run.md")
+    return rc_all
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="gpu_check.py run", description="Run prepared cases with runtime-only TVM.")
     ap.add_argument("--dir", default=os.path.join(".devbundle", "cases"))
@@ -612,8 +690,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="", help="comma-separated groups (default: all)")
     ap.add_argument("--no-peers", action="store_true")
     ap.add_argument("--no-torch", action="store_true", help="do not import torch (CPU self-test)")
+    ap.add_argument("--isolate", action="store_true",
+                    help="each group in its own process: a crash (a segfault) costs that group only")
     argv = sys.argv[1:] if argv is None else argv
     args = ap.parse_args(argv)
+    if args.isolate:
+        return run_isolated(args, argv)
     t_start = time.perf_counter()
     with open(os.path.join(args.dir, "manifest.json")) as f:
         manifest = json.load(f)

@@ -74,3 +74,37 @@ def test_every_tvmfuse_group_is_one_cuda_kernel(name):
     """No default CUDA rule splits a tvmfuse group: one __global__ kernel per call site."""
     c = built(name, "tvmfuse", target="cuda", size="bench")
     assert c.launches == len(c.call_sites()), c.kernels_per_func()
+
+
+_BOOL_PARAM = re.compile(r"bool\* __restrict__ (\w+)")
+
+
+@pytest.mark.parametrize("fusion,knobs", [("tvm", {}), ("tvmfuse", {"attention": False}), ("tvmfuse", {})])
+def test_no_vector_loads_of_a_bool_mask(fusion, knobs):
+    """TVM's CUDA codegen prints a 2-lane bool load as `*(ushort2*)`, 4 bytes for 2 bools (wrong
+    masks on an H200: relative errors 1.2-1.3, and an illegal address at 2048 tokens);
+    schedules/cuda.scalar_bool_loads keeps bool loads scalar in every kernel."""
+    import tvmfuse
+
+    w = workloads.attention_workload(1, 128, 12, 64, mask="causal")
+    src = tvmfuse.build(w.mod, "cuda", fusion, **knobs).source()
+    params = set(_BOOL_PARAM.findall(src))
+    assert params, "the causal mask is a bool parameter of some kernel"
+    for p in params:
+        assert not re.search(r"\*\(\w+\*\)\(" + p + r"\b", src), f"a vector load of bool {p}"
+
+
+@pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
+@pytest.mark.parametrize("name", workloads.names())
+def test_no_stage_is_left_on_the_host(name, fusion):
+    """Every block of every CUDA kernel function sits under a thread binding: a stage outside one
+    runs in the host code on device pointers (a segfault on an H200: the padding of tvmfuse's
+    conv + relu + batch-norm + add group, which dlight's Matmul scheduled around)."""
+    import tvm
+
+    from schedules.cuda import stray_blocks
+
+    c = built(name, fusion, target="cuda", size="bench" if name == "conv_relu_bn_add" else "small")
+    for gv, f in c.mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            assert stray_blocks(f) == [], gv.name_hint

@@ -125,3 +125,24 @@ def test_a_model_with_generated_weights_runs_from_its_manifest(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     row = json.load(open(tmp_path / "out" / "gpu-run.json"))["rows"][0]
     assert row["inputs_match_prepare"] and row["systems"]["tvmfuse"]["ok"] and row["systems"]["tvmfuse"]["ran"] > 1
+
+
+def test_isolated_groups_survive_a_crashing_one(cases, tmp_path):
+    """--isolate: each group in its own process, rows merged; a group whose process dies (here a
+    library that is not one: loading it is fine to fail, so we make the child segfault on purpose
+    through a bad .so) costs only itself and its row names the step it was in."""
+    d, m = cases
+    bad = str(tmp_path / "cases")
+    shutil.copytree(d, bad)
+    man = json.load(open(os.path.join(bad, "manifest.json")))
+    victim = next(c for c in man["cases"] if c["group"] == "softmax_chain")
+    with open(os.path.join(bad, victim["file"]), "wb") as f:  # truncated: dlopen fails or crashes
+        f.write(open(os.path.join(d, victim["file"]), "rb").read()[:4096])
+    p = _run(bad, str(tmp_path / "out"), "--isolate")
+    res = json.load(open(tmp_path / "out" / "gpu-run.json"))
+    groups = {r["group"]: r for r in res["rows"]}
+    assert set(groups) == {c["group"] for c in man["cases"]}, p.stdout + p.stderr
+    assert groups["softmax_chain"]["errors"], groups["softmax_chain"]
+    others = [r for g, r in groups.items() if g != "softmax_chain"]
+    assert others and all(not r["errors"] and all(s["ok"] for s in r["systems"].values()) for r in others)
+    assert p.returncode == 1 and "each group in its own process" in res["timing"]
