@@ -672,9 +672,12 @@ def run_isolated(args, argv) -> int:
     with open(os.path.join(args.out, "gpu-run.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     table = tables(rows)
+    facts, prep = last.get("facts", {}), manifest["prepared"]
+    header = (f"{facts.get('device')} ({facts.get('nvidia_smi', '')}); cases built {prep['date']} for "
+              f"{prep['target']} at git {prep['git'][:10]}; torch {facts.get('torch', '-')}")
     with open(os.path.join(args.out, "gpu-run.md"), "w") as f:
-        f.write(f"`{command}`\n\n(cases: `{manifest['prepared']['command']}`)\n\n{timing}\n\n{table}\n")
-    print(f"\n{timing}\n\n{table}\n\nwrote {args.out}/gpu-run.json and gpu-run.md")
+        f.write(f"`{command}`\n\n(cases: `{prep['command']}`)\n\n{header}\n\n{timing}\n\n{table}\n")
+    print(f"\n{header}\n{timing}\n\n{table}\n\nwrote {args.out}/gpu-run.json and gpu-run.md")
     return rc_all
 
 
