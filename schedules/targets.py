@@ -173,4 +173,9 @@ CUDA = {
     "attn_key_tile": 32,  # ... keys per shared-memory K/V tile
     "attn_shared_bytes": 48 * 1024,  # ... static shared memory a block may take (else the rule declines)
     "attn_max_head_dim": 128,  # ... head dims held in a thread's registers (Q row and accumulator)
+    # the keys of a query row split over this many threads (cuda_attention.split_kernel_source;
+    # 1: the thread-per-row kernel above), with these rows per block and keys per K/V tile
+    "attn_key_split": 4,
+    "attn_split_rows": 32,
+    "attn_split_key_tile": 16,
 }

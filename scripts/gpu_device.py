@@ -587,13 +587,15 @@ def tables(rows) -> str:
                          f"{lc('launches')} | {lc('ran')} | {_numerics(r)} |")
     if att:
         names = ["tvmfuse", "tvmfuse-unfused", "tvm", "torch eager", "torch sdpa fp32", "torch sdpa fp16 flash"]
+        names[1:1] = sorted({n for r in att for n in r["systems"] if n not in names})  # kernel variants
         lines += ["", "| seq | mask | " + " | ".join(f"{n} ms" for n in names) + " | tvmfuse GFLOP/s | "
                   "tvmfuse vs sdpa fp32 | vs unfused | vs tvm | launches fused/unfused/tvm | numerics (max rel err) |",
                   "|" + "---|" * (len(names) + 8)]
         for r in att:
             a, ms = r["attention"], _ms(r, "tvmfuse")
             gf = f"{r['flops'] / ms / 1e6:.0f}" if ms and r.get("flops") else "-"
-            launches = "/".join(str(r["systems"].get(s, {}).get("ran", "-")) for s in names[:3])
+            launches = "/".join(str(r["systems"].get(s, {}).get("ran", "-"))
+                                for s in ("tvmfuse", "tvmfuse-unfused", "tvm"))
             lines.append(f"| {a['seq']} | {a['mask'] or '-'} | " + " | ".join(_fmt(_ms(r, n)) for n in names)
                          + f" | {gf} | {_ratio(r, 'tvmfuse', 'torch sdpa fp32')} | "
                          f"{_ratio(r, 'tvmfuse', 'tvmfuse-unfused')} | {_ratio(r, 'tvmfuse', 'tvm')} | {launches} | "
