@@ -288,13 +288,23 @@ def time_flushed(call, sync, flush, budget_s):
 
 
 class LaunchCounter:
-    """vm.set_instrument hook: PrimFunc calls (names in `kernel_funcs`), as tvmfuse.runtime does."""
+    """vm.set_instrument hook: PrimFunc calls (names in `kernel_funcs`), as tvmfuse.runtime does.
+    With `sync` (the device's synchronize), also each function's time: synchronize before and after
+    every call, host clock between (launch overhead included; a profile, not the latency)."""
 
-    def __init__(self, kernel_funcs):
-        self.only, self.counts = set(kernel_funcs), {}
+    def __init__(self, kernel_funcs, sync=None):
+        self.only, self.counts, self.sync, self.ms, self._t = set(kernel_funcs), {}, sync, {}, 0.0
 
     def __call__(self, func, func_symbol, before_run, ret_value, *args):
-        if not before_run and func_symbol in self.only:
+        if func_symbol not in self.only:
+            return 0
+        if self.sync is not None:
+            self.sync()
+            if before_run:
+                self._t = time.perf_counter()
+            else:
+                self.ms[func_symbol] = self.ms.get(func_symbol, 0.0) + (time.perf_counter() - self._t) * 1e3
+        if not before_run:
             self.counts[func_symbol] = self.counts.get(func_symbol, 0) + 1
         return 0  # VMInstrumentReturnKind.NO_OP
 
@@ -350,7 +360,16 @@ def tvm_system(case, case_dir, dev, inputs):
     counter_vm["main"](*args)
     dev.sync()
     ran = weighted(kc.counts, case.get("kernels_per_func"))
-    return (lambda: f(*args)), out, ran, {"load_s": round(load_s, 3), "calls": kc.counts}
+    facts = {"load_s": round(load_s, 3), "calls": kc.counts}
+    if len(case["kernel_funcs"]) > 8:  # a model: where its time goes, function by function
+        _step(f"{case['id']}: profiled call")
+        prof = LaunchCounter(case["kernel_funcs"], sync=dev.sync)
+        counter_vm.set_instrument(prof)
+        for _ in range(3):
+            counter_vm["main"](*args)
+        dev.sync()
+        facts["profile_ms"] = {k: round(v / 3, 4) for k, v in sorted(prof.ms.items(), key=lambda kv: -kv[1])}
+    return (lambda: f(*args)), out, ran, facts
 
 
 def torch_peers(case, inputs, torch, device, forms):
@@ -600,6 +619,15 @@ def tables(rows) -> str:
                          + f" | {gf} | {_ratio(r, 'tvmfuse', 'torch sdpa fp32')} | "
                          f"{_ratio(r, 'tvmfuse', 'tvmfuse-unfused')} | {_ratio(r, 'tvmfuse', 'tvm')} | {launches} | "
                          f"{_numerics(r)} |")
+    for r in rows:  # a model's profile: its costliest kernel functions per system
+        for name, sy in r["systems"].items():
+            prof = sy.get("profile_ms")
+            if prof:
+                total = sum(prof.values())
+                lines += ["", f"{r['workload']}, {name}: {total:.3f} ms over {len(prof)} kernel functions "
+                          "(each call synchronized; the costliest 8):", "",
+                          "| function | ms per inference | share |", "|---|---|---|"]
+                lines += [f"| {k} | {v:.4f} | {v / total:.1%} |" for k, v in list(prof.items())[:8]]
     return "\n".join(lines)
 
 
