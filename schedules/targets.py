@@ -178,4 +178,8 @@ CUDA = {
     "attn_key_split": 4,
     "attn_split_rows": 32,
     "attn_split_key_tile": 16,
+    # the fusion knob layout_prologue's default here: dlight's matmul reading a transposed
+    # non-constant weight inside the kernel measured slower than a transpose kernel + the matmul
+    # (H200, BERT-base with weights as inputs: 218.7 us against 28.8 + 153.2 per FFN matmul)
+    "layout_prologue": False,
 }

@@ -6,6 +6,8 @@ module before lowering, what the measuring runtime reads).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import re
 import threading
 from functools import cached_property
@@ -24,7 +26,12 @@ _KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(
 
 def _options(target, fusion, tuning_logs, knobs) -> pipeline.Options:
     """The build's options, checked: target resolved once, variant known, knobs known and typed."""
-    return pipeline.Options(resolve(target), pipeline.check_variant(fusion), config.knobs(**knobs), tuning_logs)
+    t, k = resolve(target), config.knobs(**knobs)
+    if not config.explicit("layout_prologue", knobs):  # a per-target default (schedules/targets.py)
+        from schedules.targets import CUDA
+
+        k = dataclasses.replace(k, layout_prologue=t.kind.name != "cuda" or CUDA["layout_prologue"])
+    return pipeline.Options(t, pipeline.check_variant(fusion), k, tuning_logs)
 
 
 def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,

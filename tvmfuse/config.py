@@ -31,6 +31,10 @@ class Knobs:
     stitch_reductions: bool = True  # several reductions over the same rows in one kernel (softmax)
     sibling: bool = True  # horizontal fusion of groups that read the same input
     attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (passes/match_attention.py)
+    # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it; unless set,
+    # the target's table decides (schedules/targets.py: on for llvm, whose packing stage absorbs it;
+    # off for CUDA, where dlight's matmul reading it transposed measured slower than the two kernels)
+    layout_prologue: bool = True
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -86,6 +90,11 @@ def knobs(**overrides) -> Knobs:
     check_names(overrides)
     values = {**_from_env(), **_SCOPES.get(), **{k: _coerce(k, v, k) for k, v in overrides.items()}}
     return Knobs(**values)
+
+
+def explicit(name: str, overrides=None) -> bool:
+    """Whether knob `name` was set by the caller (`overrides`), an override() scope or TVMFUSE_*."""
+    return name in (overrides or {}) or name in _SCOPES.get() or name in _from_env()
 
 
 @contextlib.contextmanager

@@ -5,11 +5,16 @@ saves the consumer's read of the tensor, and its write when nothing outside uses
 the second read of their shared input. An elementwise producer that ends up upstream of a
 compute-heavy op of the merged group (directly, or through layout ops such as reshape/permute
 that only remap its indices) is recomputed once per reduction step: refused unless allow_recompute.
+A transpose that would end up upstream of a compute-heavy op is refused when the knob
+layout_prologue is off (CUDA's default: dlight's matmul reads it uncoalesced).
 """
 from __future__ import annotations
 
 from ..classify import BROADCAST, COMPUTE, ELEMENTWISE
 from ..relax_utils import planning_bytes
+
+
+TRANSPOSES = ("permute_dims", "transpose")  # layout ops that move data (a reshape only renames it)
 
 
 def _feeds_anchor(g, merged):
@@ -37,6 +42,14 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
         n = recomputed[0]
         return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy {anchor} "
                       "(allow_recompute=False)")
+    if not knobs.get("layout_prologue", True):
+        transposed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
+                      if g.by_idx[i].op in TRANSPOSES]
+        if transposed:
+            anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
+            n = transposed[0]
+            return None, (f"{n.name} ({n.op}) would be read transposed inside compute-heavy {anchor} "
+                          "(layout_prologue=False: this target's matmul is faster on its own layout)")
     for src, dst in ((a, b), (b, a)):
         for p in src:
             crossing = g.users[p] & dst
