@@ -21,270 +21,35 @@ For each case of manifest.json (written by `gpu_check.py prepare`, tvmfuse/gpu_c
   - peers on the same device: torch eager (the zoo's torch forms, float32), and for attention
     torch eager, scaled_dot_product_attention in float32 and in float16 with the flash backend
 Writes gpu-run.json and gpu-run.md into --out and prints the table.
+
+This file drives the run (main, run_isolated, run_group, tvm_system); its siblings hold the rest:
+gpu_env.py (runtime-only TVM, device facts, flush and timing), gpu_reference.py (inputs,
+references, torch peers) and gpu_report.py (the tables).
 """
 from __future__ import annotations
 
 import argparse
-import ctypes
-import glob
-import hashlib
-import importlib.util
 import json
-import math
 import os
-import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)  # its siblings: gpu_reference.py (inputs, references, torch), gpu_report.py
+
+from gpu_reference import (attention_reference, compare, inputs_digest, load_torch_forms,  # noqa: E402,F401
+                           make_inputs, torch_peers, zoo_reference)
+from gpu_report import _numerics, tables  # noqa: E402
+from gpu_env import Flush, device_facts, setup_runtime, time_flushed  # noqa: E402,F401
 NO_GPU_EXIT = 3
-FALLBACK_FLUSH_BYTES = 256 << 20
 PEER_NAMES = ("torch", "torch eager", "torch sdpa fp32", "torch sdpa fp16 flash")  # do not fail the run
 
 
-# ---------------------------------------------------------------- environment
-def setup_runtime(bundle: str, device: str) -> dict:
-    """Make `import tvm` the runtime-only TVM (the bundle's, unless one is importable already),
-    import it, and on CUDA load TVM's CUDA runtime library (runtime-only TVM does not). Returns
-    facts for the report. Call before anything imports tvm."""
-    info = {}
-    site, fallback = os.path.join(bundle, "site"), os.path.join(bundle, "fallback")
-    os.environ.setdefault("TVM_USE_RUNTIME_LIB", "1")
-    os.environ.setdefault("TVM_FFI_DISABLE_TORCH_C_DLPACK", "1")  # no JIT build of a torch addon
-    if os.path.isdir(site) and os.path.abspath(site) not in [os.path.abspath(p) for p in sys.path]:
-        sys.path.insert(0, os.path.abspath(site))
-    if os.path.isdir(fallback):
-        sys.path.append(os.path.abspath(fallback))  # last: the machine's own typing_extensions wins
-    if device == "cuda":
-        try:
-            import torch  # noqa: F401  (first, so its CUDA libraries are the ones loaded)
-        except ImportError:
-            pass
-    t0 = time.perf_counter()
-    import tvm
-
-    info["tvm"] = tvm.__version__
-    info["tvm_file"] = os.path.dirname(tvm.__file__)
-    info["runtime_only"] = bool(tvm.base._RUNTIME_ONLY)
-    info["import_s"] = round(time.perf_counter() - t0, 2)
-    if device == "cuda":
-        info.update(load_cuda_runtime(tvm, bundle))
-    info["compiler_modules"] = sorted(m for m in ("tvm.relax", "tvmfuse") if m in sys.modules)
-    return info
-
-
-def _cudart_candidates(bundle):
-    pats = ["/usr/local/cuda*/lib64/libcudart.so.13*", "/usr/local/cuda*/targets/*/lib/libcudart.so.13*",
-            "/usr/lib/x86_64-linux-gnu/libcudart.so.13*"]
-    for p in sys.path:
-        pats.append(os.path.join(p, "nvidia", "*", "lib", "libcudart.so.13*"))
-        pats.append(os.path.join(p, "nvidia", "cu13", "lib", "libcudart.so.13*"))
-    out = []
-    for pat in pats:
-        out += sorted(glob.glob(pat))
-    out.append(os.path.join(bundle, "cudart", "libcudart.so.13"))
-    return out
-
-
-def load_cuda_runtime(tvm, bundle) -> dict:
-    """Load libcudart.so.13 (the system's, else a pip-installed one, else the bundle's copy) and
-    TVM's libtvm_runtime_cuda.so, which registers the cuda device API and the loader of CUDA
-    modules ("ffi.Module.load_from_bytes.cuda")."""
-    info = {}
-    try:
-        ctypes.CDLL("libcudart.so.13", mode=ctypes.RTLD_GLOBAL)
-        info["cudart"] = "libcudart.so.13 (loader path)"
-    except OSError:
-        errors = []
-        for path in _cudart_candidates(bundle):
-            try:
-                ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
-                info["cudart"] = path
-                break
-            except OSError as err:
-                errors.append(f"{path}: {err}")
-        else:
-            info["cudart"] = None
-            info["cudart_errors"] = errors[-3:]
-    from tvm_ffi.libinfo import load_lib_ctypes
-
-    from pathlib import Path
-
-    lib_dir = Path(tvm.__file__).resolve().parent / "lib"
-    for name in ("tvm_runtime_cuda", "tvm_runtime_extra"):
-        if name in tvm.base._LOADED_LIBS:
-            continue
-        try:
-            tvm.base._LOADED_LIBS[name] = load_lib_ctypes("tvm", name, "RTLD_LOCAL", extra_lib_paths=[lib_dir])
-            info[name] = "loaded"
-        except Exception as err:  # noqa: BLE001  OSError, RuntimeError; reported, the run goes on
-            info[name] = f"failed: {str(err).splitlines()[0][:300]}"
-    info["cuda_enabled"] = bool(tvm.runtime.enabled("cuda"))
-    return info
-
-
-def load_torch_forms():
-    """tvmfuse/baselines.py's torch forms of the zoo, {name: f(workload) -> fn}, loaded by path
-    (importing the tvmfuse package would import the compiler)."""
-    path = os.path.join(ROOT, "tvmfuse", "baselines.py")
-    spec = importlib.util.spec_from_file_location("tvmfuse_baselines_standalone", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod._torch_fns()
-
-
 # ---------------------------------------------------------------- inputs and checks
-def make_inputs(case, case_dir="."):
-    """The case's inputs exactly as tvmfuse.workloads.Workload.inputs() makes them; a model's as
-    its input_gen says (stored in inputs_file, or tvmfuse.gpu_cases.generated_weight)."""
-    import numpy as np
-
-    if "input_gen" in case:
-        out = []
-        with np.load(os.path.join(case_dir, case["inputs_file"])) as z:
-            for g, (_name, shape, dtype) in zip(case["input_gen"], case["inputs"]):
-                if g["rule"] == "stored":
-                    out.append(z[g["key"]])
-                else:  # "normal": the same expression as gpu_cases.generated_weight
-                    out.append(np.random.default_rng(g["seed"]).standard_normal(tuple(shape), dtype=np.float32)
-                               * np.float32(g["scale"]))
-        return out
-    rng = np.random.default_rng(case["seed"])
-    out = []
-    for name, shape, dtype in case["inputs"]:
-        a = rng.standard_normal(tuple(shape)).astype(dtype)
-        if name in case.get("positive", ()):
-            a = np.abs(a) + 0.5
-        out.append(a)
-    return out
-
-
-def inputs_digest(arrays) -> str:
-    """The same digest as tvmfuse.gpu_cases.inputs_digest."""
-    import numpy as np
-
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def compare(out, ref, rtol, atol) -> dict:
-    """ok (allclose at rtol/atol, no NaN), max abs error, max error relative to max |ref|."""
-    import numpy as np
-
-    out = out if isinstance(out, tuple) else (out,)
-    ref = ref if isinstance(ref, tuple) else (ref,)
-    if len(out) != len(ref):
-        return {"ok": False, "why": f"{len(out)} outputs, expected {len(ref)}"}
-    ok, max_abs, max_rel, nan = True, 0.0, 0.0, False
-    for o, r in zip(out, ref):
-        o, r = np.asarray(o, dtype="float64"), np.asarray(r, dtype="float64")
-        if o.shape != r.shape:
-            return {"ok": False, "why": f"shape {o.shape}, expected {r.shape}"}
-        nan |= bool(np.isnan(o).any())
-        d = float(np.abs(o - r).max()) if o.size else 0.0
-        max_abs = max(max_abs, d)
-        max_rel = max(max_rel, d / max(float(np.abs(r).max()) if r.size else 0.0, 1e-30))
-        ok &= bool(np.allclose(o, r, rtol=rtol, atol=atol))
-    return {"ok": ok and not nan, "max_abs": max_abs, "max_rel": max_rel, "nan": nan}
-
-
-def attention_reference(case, inputs, torch, device):
-    """softmax(Q·Kᵀ/sqrt(d) [causal: where(tril, ., -1e9)])·V on [b, s, h*d] inputs, heads split
-    and merged as tvmfuse.workloads.attention_workload does, in float64."""
-    import numpy as np
-
-    a = case["attention"]
-    b, s, h, d = a["batch"], a["seq"], a["heads"], a["head_dim"]
-    if torch is not None:
-        q, k, v = (torch.from_numpy(x).to(device=device, dtype=torch.float64) for x in inputs)
-        th = lambda t: t.reshape(b, s, h, d).permute(0, 2, 1, 3)
-        sc = th(q) @ th(k).transpose(-1, -2) * (1.0 / math.sqrt(d))
-        if a["mask"] == "causal":
-            tril = torch.ones(s, s, dtype=torch.bool, device=device).tril()
-            sc = torch.where(tril, sc, torch.tensor(-1e9, dtype=torch.float64, device=device))
-        o = torch.softmax(sc, dim=-1) @ th(v)
-        return (o.permute(0, 2, 1, 3).reshape(b, s, h * d).cpu().numpy(),), f"torch float64 on {device}"
-    q, k, v = (x.astype("float64") for x in inputs)
-    th = lambda t: t.reshape(b, s, h, d).transpose(0, 2, 1, 3)
-    sc = th(q) @ th(k).transpose(0, 1, 3, 2) / math.sqrt(d)
-    if a["mask"] == "causal":
-        sc = np.where(np.tril(np.ones((s, s), dtype=bool)), sc, -1e9)
-    e = np.exp(sc - sc.max(-1, keepdims=True))
-    o = (e / e.sum(-1, keepdims=True)) @ th(v)
-    return (o.transpose(0, 2, 1, 3).reshape(b, s, h * d),), "numpy float64"
-
-
-def zoo_reference(case, inputs, torch, device, forms):
-    """The workload's torch form (tvmfuse.baselines) in float64 on the device; None without torch."""
-    if torch is None or forms is None or case.get("torch_form") not in forms:
-        return None, "no torch form here"
-    fn = forms[case["torch_form"]](_workload_view(case))
-    with torch.no_grad():
-        out = fn(*[torch.from_numpy(x).to(device=device, dtype=torch.float64) for x in inputs])
-    out = out if isinstance(out, tuple) else (out,)
-    return tuple(o.cpu().numpy() for o in out), f"torch float64 on {device}"
-
-
-def _workload_view(case):
-    from types import SimpleNamespace
-
-    specs = [(n, tuple(s), d) for n, s, d in case["inputs"]]
-    return SimpleNamespace(name=case["workload"], input_specs=specs, meta=case.get("meta", {}))
-
-
-# ---------------------------------------------------------------- timing
-class Flush:
-    """Evicts the caches before a timed call: writes a buffer of twice the device's L2 (CUDA:
-    torch, then synchronizes) or FALLBACK_FLUSH_BYTES (CPU: numpy)."""
-
-    def __init__(self, device, torch):
-        self.torch, self.device = torch, device
-        if device == "cuda" and torch is not None and torch.cuda.is_available():
-            l2 = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 0)
-            self.nbytes = 2 * int(l2) if l2 else FALLBACK_FLUSH_BYTES
-            self.buf = torch.empty(self.nbytes // 4, dtype=torch.int32, device="cuda")
-            self.how = f"torch zero_() of {self.nbytes / 2**20:.0f} MiB (2x L2 {l2 / 2**20:.0f} MiB) + synchronize"
-        elif device == "cuda":
-            self.nbytes, self.buf, self.how = 0, None, "none (torch with CUDA is missing)"
-        else:
-            import numpy as np
-
-            self.nbytes = 64 << 20
-            self.buf = np.empty(self.nbytes // 4, dtype="int32")
-            self.how = f"numpy fill of {self.nbytes / 2**20:.0f} MiB"
-
-    def __call__(self):
-        if self.buf is None:
-            return
-        if self.device == "cuda":
-            self.buf.zero_()
-            self.torch.cuda.synchronize()
-        else:
-            self.buf.fill(1)
-
-
-def time_flushed(call, sync, flush, budget_s):
-    """Seconds of single calls, each after flush(): one warm-up, then calls until budget_s of wall
-    time has passed (at least one). The same loop as tvmfuse.bench_gpu.time_flushed."""
-    call()
-    sync()
-    samples, t_end = [], time.perf_counter() + budget_s
-    while not samples or time.perf_counter() < t_end:
-        flush()
-        t0 = time.perf_counter()
-        call()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return samples
 
 
 class LaunchCounter:
@@ -372,130 +137,7 @@ def tvm_system(case, case_dir, dev, inputs):
     return (lambda: f(*args)), out, ran, facts
 
 
-def torch_peers(case, inputs, torch, device, forms):
-    """{name: (call, outputs as numpy, tolerance override or None)} or {name: why not}."""
-    out = {}
-    if torch is None:
-        return {"torch": "torch is not installed"}
-    if device == "cuda" and not torch.cuda.is_available():
-        return {"torch": "torch.cuda.is_available() is False"}
-    t = [torch.from_numpy(x).to(device) for x in inputs]
-
-    def entry(fn, tol=None):
-        def call():
-            with torch.no_grad():
-                return fn()
-        res = call()
-        res = res if isinstance(res, tuple) else (res,)
-        return call, tuple(r.float().cpu().numpy() for r in res), tol
-
-    if "model" in case:
-        fn = model_peer(case, inputs, torch, device)
-        if isinstance(fn, str):
-            return {"torch": fn}
-        ids = t[0]
-        out["torch"] = entry(lambda: fn(ids))
-        return out
-    if "attention" not in case:
-        if forms is None or case.get("torch_form") not in forms:
-            return {"torch": "no torch form"}
-        fn = forms[case["torch_form"]](_workload_view(case))
-        out["torch"] = entry(lambda: fn(*t))
-        return out
-    a = case["attention"]
-    b, s, h, d = a["batch"], a["seq"], a["heads"], a["head_dim"]
-    causal = a["mask"] == "causal"
-    heads = lambda x: x.view(b, s, h, d).transpose(1, 2)
-    merge = lambda o: o.transpose(1, 2).reshape(b, s, h * d)
-    F = torch.nn.functional
-    if forms is not None and not causal:
-        fn = forms["attention"](_workload_view(case))
-        out["torch eager"] = entry(lambda: fn(*t))
-    elif causal:
-        tril = torch.ones(s, s, dtype=torch.bool, device=device).tril()
-
-        def eager():
-            sc = heads(t[0]) @ heads(t[1]).transpose(-1, -2) * (1.0 / math.sqrt(d))
-            sc = torch.where(tril, sc, torch.tensor(-1e9, device=device))
-            return merge(torch.softmax(sc, -1) @ heads(t[2]))
-        out["torch eager"] = entry(eager)
-    out["torch sdpa fp32"] = entry(lambda: merge(F.scaled_dot_product_attention(
-        heads(t[0]), heads(t[1]), heads(t[2]), is_causal=causal)))
-    if device == "cuda":
-        try:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-
-            th = [x.half() for x in t]
-
-            def flash():
-                with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                    return merge(F.scaled_dot_product_attention(heads(th[0]), heads(th[1]), heads(th[2]),
-                                                                is_causal=causal))
-            out["torch sdpa fp16 flash"] = entry(flash, (1e-2, 1e-2))
-        except Exception as err:  # no flash kernel for this GPU / build
-            out["torch sdpa fp16 flash"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"
-    return out
-
-
-def model_peer(case, inputs, torch, device):
-    """The BERT in transformers (if installed here) with the case's weights: f(ids) -> hidden
-    states, or why not."""
-    if "bert_config" not in case["model"]:
-        return f"no torch form of {case['model']['name']}"
-    try:
-        from transformers import BertConfig, BertModel
-    except ImportError:
-        return "transformers is not installed here"
-    bert = BertModel(BertConfig(**case["model"]["bert_config"])).eval()
-    with torch.no_grad():
-        for name, a in zip(case["module_names"], inputs[1:]):
-            n = name[len("bert."):] if name.startswith("bert.") else name
-            t = bert.get_parameter(n) if n in dict(bert.named_parameters()) else bert.get_buffer(n)
-            t.copy_(torch.from_numpy(a))
-    bert = bert.to(device)
-    return lambda ids: bert(input_ids=ids).last_hidden_state
-
-
 # ---------------------------------------------------------------- driver
-def device_facts(device, torch, dev):
-    facts = {"host": platform.node(), "python": platform.python_version(), "machine": platform.machine()}
-    try:
-        import numpy as np
-
-        facts["numpy"] = np.__version__
-    except ImportError:
-        pass
-    if torch is not None:
-        facts["torch"] = torch.__version__
-        facts["torch_cuda"] = torch.version.cuda
-    if device == "cuda":
-        if torch is not None and torch.cuda.is_available():
-            p = torch.cuda.get_device_properties(0)
-            facts["device"] = torch.cuda.get_device_name(0)
-            facts["capability"] = f"sm_{p.major}{p.minor}"
-            facts["memory_gib"] = round(p.total_memory / 2**30, 1)
-            facts["l2_bytes"] = getattr(p, "L2_cache_size", None)
-            facts["sms"] = p.multi_processor_count
-        try:
-            q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,clocks.max.sm,power.limit",
-                                "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
-            facts["nvidia_smi"] = q.stdout.strip() or q.stderr.strip()
-        except (OSError, subprocess.SubprocessError) as err:
-            facts["nvidia_smi"] = f"unavailable: {err}"
-        try:
-            facts["tvm_device"] = str(dev.device_name)
-            facts["tvm_compute_version"] = str(dev.compute_version)
-        except Exception as err:  # noqa: BLE001
-            facts["tvm_device"] = f"error: {err}"
-    else:
-        try:
-            with open("/proc/cpuinfo") as f:
-                facts["device"] = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-        except (OSError, StopIteration):
-            facts["device"] = platform.processor()
-    return facts
-
-
 def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
     """Check and time one group; returns its row."""
     import numpy as np
@@ -576,69 +218,6 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
             row["systems"][n]["p10_ms"] = sorted(v)[len(v) // 10] * 1e3
             row["systems"][n]["samples"] = len(v)
     return row
-
-
-def _ms(row, n):
-    return row["systems"].get(n, {}).get("ms")
-
-
-def _fmt(x, spec=".3f"):
-    return format(x, spec) if x is not None else "-"
-
-
-def _ratio(row, a, b):
-    x, y = _ms(row, a), _ms(row, b)
-    return f"{y / x:.2f}x" if x and y else "-"
-
-
-def tables(rows) -> str:
-    zoo = [r for r in rows if not r["attention"]]
-    att = [r for r in rows if r["attention"]]
-    lines = []
-    if zoo:
-        lines += ["| workload | tvm ms | tvmfuse ms | torch ms | tvmfuse vs tvm | tvmfuse vs torch | "
-                  "launches tvm/tvmfuse (static) | ran | numerics (max rel err) |", "|" + "---|" * 9]
-        for r in zoo:
-            sy = r["systems"]
-            lc = lambda k: "/".join(str(sy.get(s, {}).get(k, "-")) for s in ("tvm", "tvmfuse"))
-            lines.append(f"| {r['workload']} | {_fmt(_ms(r, 'tvm'))} | {_fmt(_ms(r, 'tvmfuse'))} | "
-                         f"{_fmt(_ms(r, 'torch'))} | {_ratio(r, 'tvmfuse', 'tvm')} | {_ratio(r, 'tvmfuse', 'torch')} | "
-                         f"{lc('launches')} | {lc('ran')} | {_numerics(r)} |")
-    if att:
-        names = ["tvmfuse", "tvmfuse-unfused", "tvm", "torch eager", "torch sdpa fp32", "torch sdpa fp16 flash"]
-        names[1:1] = sorted({n for r in att for n in r["systems"] if n not in names})  # kernel variants
-        lines += ["", "| seq | mask | " + " | ".join(f"{n} ms" for n in names) + " | tvmfuse GFLOP/s | "
-                  "tvmfuse vs sdpa fp32 | vs unfused | vs tvm | launches fused/unfused/tvm | numerics (max rel err) |",
-                  "|" + "---|" * (len(names) + 8)]
-        for r in att:
-            a, ms = r["attention"], _ms(r, "tvmfuse")
-            gf = f"{r['flops'] / ms / 1e6:.0f}" if ms and r.get("flops") else "-"
-            launches = "/".join(str(r["systems"].get(s, {}).get("ran", "-"))
-                                for s in ("tvmfuse", "tvmfuse-unfused", "tvm"))
-            lines.append(f"| {a['seq']} | {a['mask'] or '-'} | " + " | ".join(_fmt(_ms(r, n)) for n in names)
-                         + f" | {gf} | {_ratio(r, 'tvmfuse', 'torch sdpa fp32')} | "
-                         f"{_ratio(r, 'tvmfuse', 'tvmfuse-unfused')} | {_ratio(r, 'tvmfuse', 'tvm')} | {launches} | "
-                         f"{_numerics(r)} |")
-    for r in rows:  # a model's profile: its costliest kernel functions per system
-        for name, sy in r["systems"].items():
-            prof = sy.get("profile_ms")
-            if prof:
-                total = sum(prof.values())
-                lines += ["", f"{r['workload']}, {name}: {total:.3f} ms over {len(prof)} kernel functions "
-                          "(each call synchronized; the costliest 8):", "",
-                          "| function | ms per inference | share |", "|---|---|---|"]
-                lines += [f"| {k} | {v:.4f} | {v / total:.1%} |" for k, v in list(prof.items())[:8]]
-    return "\n".join(lines)
-
-
-def _numerics(r):
-    bad = [n for n, s in r["systems"].items() if not s.get("ok")] + [f"{n} (error)" for n in r["errors"]]
-    worst = max((s["check"].get("max_rel", 0) for n, s in r["systems"].items()
-                 if "check" in s and "fp16" not in n), default=None)
-    tail = f" ({worst:.1e})" if worst is not None else ""
-    unbuilt = [n for n, why in r["skipped"].items() if why.startswith("build failed")]
-    tail += f"; not built: {', '.join(unbuilt)}" if unbuilt else ""
-    return ("ok" if not bad else "FAIL " + ", ".join(bad)) + tail
 
 
 def run_isolated(args, argv) -> int:
