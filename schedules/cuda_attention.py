@@ -17,14 +17,21 @@ from .rule import ScheduleRule
 from .targets import CUDA
 
 
+def _row_blocks(spec, rows: int):
+    """(rows per block, query blocks, the block's query-block and head expressions of bx). Short
+    queries (decode) take one warp's worth of rows; bx divides by constants where it can."""
+    if isinstance(spec.sq, int):
+        rows = min(rows, max(CUDA["warp"], -(-spec.sq // CUDA["warp"]) * CUDA["warp"]))
+    nq = cdiv(spec.sq, rows)
+    if isinstance(spec.bh, int):
+        return rows, nq, f"bx // {spec.bh}", f"bx % {spec.bh}"
+    return rows, nq, f"bx % {nq}", f"bx // {nq}"
+
+
 def kernel_source(spec, rows: int, keys: int) -> str:
     sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
-    if isinstance(sq, int):  # short queries (decode): one warp's worth of rows
-        rows = min(rows, max(CUDA["warp"], -(-sq // CUDA["warp"]) * CUDA["warp"]))
-    nq, nk = cdiv(sq, rows), cdiv(sk, keys)
-    sk1 = minus1(sk)
-    qb = f"bx // {spec.bh}" if isinstance(spec.bh, int) else f"bx % {nq}"  # divide by constants where possible
-    bh = f"bx % {spec.bh}" if isinstance(spec.bh, int) else f"bx // {nq}"
+    rows, nq, qb, bh = _row_blocks(spec, rows)
+    nk, sk1 = cdiv(sk, keys), minus1(sk)
     row = f"T.min({qb} * {rows} + tx, {minus1(sq)})"
     kload = -(-keys * d // rows)
     vload = -(-keys * dv // rows)
@@ -89,13 +96,9 @@ def split_kernel_source(spec, rows: int, keys: int, split: int) -> str:
     (12 heads x 2048 rows are 24,576 threads); split ways as many fill it. The K/V tiles of the
     `split` groups are loaded by the whole block into one shared buffer, which the merge reuses."""
     sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
-    if isinstance(sq, int):
-        rows = min(rows, max(CUDA["warp"], -(-sq // CUDA["warp"]) * CUDA["warp"]))
+    rows, nq, qb, bh = _row_blocks(spec, rows)
     threads = rows * split
-    nq, nk = cdiv(sq, rows), cdiv(sk, keys)
-    sk1 = minus1(sk)
-    qb = f"bx // {spec.bh}" if isinstance(spec.bh, int) else f"bx % {nq}"
-    bh = f"bx % {spec.bh}" if isinstance(spec.bh, int) else f"bx // {nq}"
+    nk, sk1 = cdiv(sk, keys), minus1(sk)
     row = f"T.min({qb} * {rows} + r_, {minus1(sq)})"
     kv = split * keys * (d + dv)
     smem = max(kv, split * rows * (dv + 2))

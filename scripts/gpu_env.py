@@ -13,6 +13,20 @@ import sys
 import time
 
 FALLBACK_FLUSH_BYTES = 256 << 20
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def load_portable():
+    """tvmfuse/gpu_portable.py, by path (importing the tvmfuse package would import the compiler)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tvmfuse_gpu_portable", os.path.join(ROOT, "tvmfuse", "gpu_portable.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+time_flushed = load_portable().time_flushed  # the same timing loop as the benchmark's (bench_gpu)
 
 # ---------------------------------------------------------------- environment
 def setup_runtime(bundle: str, device: str) -> dict:
@@ -124,21 +138,6 @@ class Flush:
             self.torch.cuda.synchronize()
         else:
             self.buf.fill(1)
-
-
-def time_flushed(call, sync, flush, budget_s):
-    """Seconds of single calls, each after flush(): one warm-up, then calls until budget_s of wall
-    time has passed (at least one). The same loop as tvmfuse.bench_gpu.time_flushed."""
-    call()
-    sync()
-    samples, t_end = [], time.perf_counter() + budget_s
-    while not samples or time.perf_counter() < t_end:
-        flush()
-        t0 = time.perf_counter()
-        call()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return samples
 
 
 def device_facts(device, torch, dev):

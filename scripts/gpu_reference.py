@@ -9,13 +9,16 @@ package but baselines.py's torch forms, loaded by file path.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import math
 import os
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+
+from gpu_env import load_portable  # noqa: E402
+
+inputs_digest = load_portable().inputs_digest  # the digest prepare recorded (tvmfuse/gpu_portable.py)
 
 
 def load_torch_forms():
@@ -51,18 +54,6 @@ def make_inputs(case, case_dir="."):
             a = np.abs(a) + 0.5
         out.append(a)
     return out
-
-
-def inputs_digest(arrays) -> str:
-    """The same digest as tvmfuse.gpu_cases.inputs_digest."""
-    import numpy as np
-
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def compare(out, ref, rtol, atol) -> dict:

@@ -24,8 +24,8 @@ import functools
 import importlib.util
 import os
 import shutil
-import time
 
+from .gpu_portable import time_flushed  # noqa: F401  (bench.py calls it from here)
 from .target import is_gpu, resolve
 
 # Bytes the flush writes when the device does not report its L2 size: at least twice the L2 of
@@ -137,22 +137,6 @@ def describe_timing(arch: str) -> str:
     return (f"{dev.device_name} (L2 {f'{l2 / 2**20:.0f} MiB' if l2 else 'size not reported'}), "
             f"{flush.nbytes / 2**20:.0f} MiB written by a TVM kernel before every timed call, "
             "medians of single device-synchronized calls")
-
-
-def time_flushed(call, sync, flush, budget_s: float) -> list[float]:
-    """Seconds of single calls, each after `flush()` (which returns with the device idle): start the
-    clock, `call()`, `sync()`, stop. One untimed warm-up call first; then calls until `budget_s` of
-    wall time (flushes included) has passed, at least one. Returns every sample."""
-    call()
-    sync()
-    samples, t_end = [], time.perf_counter() + budget_s
-    while not samples or time.perf_counter() < t_end:
-        flush()
-        t0 = time.perf_counter()
-        call()
-        sync()
-        samples.append(time.perf_counter() - t0)
-    return samples
 
 
 def peer(w, system: str, threads: int):

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import datetime
 import contextlib
-import hashlib
 import json
 import os
 import platform
@@ -32,6 +31,8 @@ import time
 from types import SimpleNamespace
 
 import numpy as np
+
+from .gpu_portable import inputs_digest
 
 FATBIN_MAGIC = (0xBA55ED50).to_bytes(4, "little")
 MANIFEST = "manifest.json"
@@ -51,16 +52,6 @@ def _cuda_table(changes):
         yield
     finally:
         CUDA.update(saved)
-
-
-def inputs_digest(arrays) -> str:
-    """sha256 over the inputs' dtypes, shapes and bytes (what the run phase recomputes)."""
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
 
 
 def check_binary(path: str) -> bool:
