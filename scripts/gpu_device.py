@@ -126,7 +126,7 @@ def tvm_system(case, case_dir, dev, inputs):
     dev.sync()
     ran = weighted(kc.counts, case.get("kernels_per_func"))
     facts = {"load_s": round(load_s, 3), "calls": kc.counts}
-    if len(case["kernel_funcs"]) > 8:  # a model: where its time goes, function by function
+    if case.get("input_gen"):  # a model (tvmfuse.gpu_cases.bert_case): where its time goes, function by function
         _step(f"{case['id']}: profiled call")
         prof = LaunchCounter(case["kernel_funcs"], sync=dev.sync)
         counter_vm.set_instrument(prof)

@@ -125,6 +125,9 @@ def test_a_model_with_generated_weights_runs_from_its_manifest(tmp_path):
     assert p.returncode == 0, p.stdout + p.stderr
     row = json.load(open(tmp_path / "out" / "gpu-run.json"))["rows"][0]
     assert row["inputs_match_prepare"] and row["systems"]["tvmfuse"]["ok"] and row["systems"]["tvmfuse"]["ran"] > 1
+    prof = row["systems"]["tvmfuse"]["profile_ms"]  # a model is profiled kernel function by function
+    assert set(prof) <= set(case["kernel_funcs"]) and len(prof) > 1 and all(v > 0 for v in prof.values())
+    assert "(each call synchronized" in open(tmp_path / "out" / "gpu-run.md").read()
 
 
 def test_isolated_groups_survive_a_crashing_one(cases, tmp_path):
