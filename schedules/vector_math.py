@@ -9,6 +9,8 @@ Contract: `vectorizable_math(func)` returns `func` with
 - every float32 `T.tanh(x)` replaced by (1 - t) / (1 + t), t the expansion above of exp(-2|x|),
   the sign restored (absolute error at most 2e-7 over [-12, 12]; GPT-2's GELU), NaN passed
   through, +-inf to +-1;
+- every float32 `T.sigmoid(x)` (SiLU, GLU gates) replaced by 1 / (1 + e), e the expansion above of
+  exp(-x) (an overflowing e gives 0, as it should), NaN passed through;
 - every `T.pow(x, n)` with a constant whole n in 1..4 replaced by multiplications (libm's powf
   is a call per lane: 7 ns an element).
 The llvm backend lowers `T.exp`/`T.erf` on vectors to one libm call per lane; these are plain
@@ -34,6 +36,7 @@ _EXP = tvm.ir.Op.get("tirx.exp")
 _ERF = tvm.ir.Op.get("tirx.erf")
 _TANH = tvm.ir.Op.get("tirx.tanh")
 _POW = tvm.ir.Op.get("tirx.pow")
+_SIGMOID = tvm.ir.Op.get("tirx.sigmoid")
 _LOAD = "te.tensor_load"
 _HI = 88.3762626647950  # topi.fast_exp clamps its argument to +-this
 _OVERFLOW = 88.72283935546875  # expf(x) is +inf above this
@@ -139,6 +142,9 @@ def vectorizable_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
             return _expand_erf(call.args[0])
         if str(call.ty) == "float32" and call.op.same_as(_TANH):
             return _expand_tanh(call.args[0])
+        if str(call.ty) == "float32" and call.op.same_as(_SIGMOID):
+            one = tvm.tirx.const(1.0, "float32")
+            return one / (one + _expand(-call.args[0]))
         if call.op.same_as(_POW):
             expanded = _expand_pow(*call.args)
             return call if expanded is None else expanded

@@ -151,6 +151,21 @@ def crossed_reductions(bb, x, w, b):  # sum over rows and over columns of the sa
     return relax.Tuple([r, c])
 
 
+def swiglu(bb, x, w, b):  # matmul -> split -> silu(first half) * second half: two slices meet
+    m = bb.emit(relax.op.matmul(x, w))
+    parts = bb.emit(relax.op.split(m, 2, axis=-1))
+    g = bb.emit(relax.TupleGetItem(parts, 0))
+    u = bb.emit(relax.TupleGetItem(parts, 1))
+    s = bb.emit(relax.op.nn.silu(g))
+    return relax.op.multiply(s, u)
+
+
+def silu_epilogue(bb, x, w, b):  # matmul -> x * sigmoid(x): one position of the output per element
+    m = bb.emit(relax.op.matmul(x, w))
+    s = bb.emit(relax.op.sigmoid(m))
+    return relax.op.multiply(m, s)
+
+
 def tuple_escapes(bb, x, w, b):  # split's tuple returned whole, one field used by exp
     t = bb.emit(relax.op.split(x, 2, axis=1))
     h = bb.emit(relax.TupleGetItem(t, 0))
@@ -174,6 +189,20 @@ def test_graph_classes_the_tests_rely_on():
 
 def test_reduction_next_to_a_matmul_anchor_is_refused():
     assert_refused(legality.check(block_graph(matmul_softmax), {0, 1}, knobs()), "anchor")
+
+
+def test_an_epilogue_combining_two_slices_of_the_anchor_is_refused():
+    g = block_graph(swiglu)
+    split, silu, mul = (n.idx for n in g.nodes if n.op in ("split", "nn.silu", "multiply"))
+    mm = next(n.idx for n in g.nodes if n.op == "matmul")
+    assert legality.check(g, {mm, split, silu}, knobs()) is None  # one path from the anchor: a tile carries it
+    assert_refused(legality.check(g, {mm, split, silu, mul}, knobs()), "gathering_epilogue")
+    assert legality.check(g, {split, silu, mul}, knobs()) is None  # without the anchor: an injective kernel
+
+
+def test_an_epilogue_reading_the_anchor_twice_at_one_position_stays_legal():
+    g = block_graph(silu_epilogue)
+    assert legality.check(g, {n.idx for n in g.nodes}, knobs()) is None
 
 
 def test_two_anchors_in_one_group_are_refused():

@@ -6,7 +6,9 @@ order and accumulation dtype are kept by construction: every op keeps its own TE
 """
 from __future__ import annotations
 
-from ..classify import COMPUTE, OPAQUE, REDUCTION
+from tvm import relax
+
+from ..classify import BROADCAST, COMPUTE, ELEMENTWISE, OPAQUE, REDUCTION
 
 
 def _opaque(g, members, knobs):
@@ -36,6 +38,50 @@ def _anchors(g, members, knobs):
         return (f"reduction {red.name} ({red.op}) with compute-heavy {anchors[0].name}: it needs the whole "
                 "output of the anchor (a grid-wide barrier on GPU)")
     return None
+
+
+def _anchor_paths(g, members, anchor):
+    """{var: path} for every value of the group computed from the anchor's output, where a path
+    names the index-remapping ops (slices, split fields, transposes, concats ...) it went through;
+    elementwise and broadcast ops keep their operand's path. Two paths meeting in one op mean that
+    op reads the anchor's output at more than one position per element."""
+    paths = {g.by_idx[anchor].var: ()}
+    for i in sorted(members):  # block order is a topological order
+        n = g.by_idx[i]
+        if i == anchor:
+            continue
+        seen = {paths[v] for v in _arg_vars(n.call) if v in paths}
+        if not seen:
+            continue
+        if len(seen) > 1:
+            return n, sorted(seen)
+        (path,) = seen
+        out = path if n.cls in (ELEMENTWISE, BROADCAST) else path + (i,)
+        paths[n.var] = out
+        for alias in n.aliases:  # a split's fields are different slices of its input
+            paths[alias.var] = out + (int(alias.value.index),)
+    return None
+
+
+def _arg_vars(call):
+    out = []
+    for a in call.args:
+        out += list(a.fields) if isinstance(a, relax.Tuple) else [a]
+    return [a for a in out if isinstance(a, relax.Var)]
+
+
+def _gathering_epilogue(g, members, knobs):
+    anchors = [i for i in members if g.by_idx[i].cls == COMPUTE]
+    if len(anchors) != 1:
+        return None
+    met = _anchor_paths(g, members, anchors[0])
+    if met is None:
+        return None
+    n, _paths = met
+    return (f"{n.name} ({n.op}) combines values read from {g.by_idx[anchors[0]].name}'s output at different "
+            "positions (another slice, split field or layout of it): its element needs outputs of other "
+            "tiles of the anchor, so the anchor's output would have to be whole first (a grid-wide "
+            "barrier on GPU; on CPU no tile of the anchor could carry it)")
 
 
 def _compatible(shape, row):
@@ -79,6 +125,7 @@ def _multi_output(g, members, knobs):
 
 
 RULES = [("opaque", _opaque), ("max_group_size", _size), ("anchor", _anchors),
+         ("gathering_epilogue", _gathering_epilogue),
          ("reduction_space", _reduction_space), ("multi_output", _multi_output)]
 
 
