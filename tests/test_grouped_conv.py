@@ -78,3 +78,22 @@ def test_each_lane_reads_its_input_in_a_whole_vector(cpu, groups):
     inserts = len(re.findall(r"\bv(?:insertps|pinsrd|insertf\w*)\b", asm))
     fmas = len(re.findall(r"\bvfmadd\w+\b", asm))
     assert fmas > inserts, (fmas, inserts)
+
+
+def test_bench_conv_grouped_set_runs_and_checks_against_torch(tmp_path):
+    """scripts/bench_conv.py --set grouped: one MobileNetV2 depthwise conv, checked against PyTorch
+    before it is timed next to it; the JSON row carries both timings."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "convs.json"
+    proc = subprocess.run([sys.executable, os.path.join(root, "scripts", "bench_conv.py"), "--set", "grouped",
+                           "--only", "8", "--budget", "0.01", "--json", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "| 8 | 96->96 3x3/2 g96 on 112x112 |" in proc.stdout
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["groups"] == 96 and row["rule"] == "cpu.Conv2D" and row["ms"] > 0 and row["torch_ms"] > 0
