@@ -236,8 +236,10 @@ def join_tile(sch, block_rv, loop_rv, produced=None) -> bool:
     points = _product(iv.dom.extent for iv in sch.get(block_rv).iter_vars)  # the epilogue's own domain
     try:
         trial.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
-    except (tvm.s_tir.ScheduleError, tvm.error.InternalError):  # e.g. a strided read of a transposed
-        return False  # tile: TVM's inverse affine map checks that each iterator's scale is 1
+    except (tvm.s_tir.ScheduleError, tvm.error.InternalError, ValueError):  # e.g. a strided read of a
+        return False  # transposed tile (TVM's inverse affine map checks that each iterator's scale is
+        # 1), or a padding read through a reshape (ValueError: "TensorRegion pattern match failed";
+        # MobileNetV2's 1x1 conv as a matmul, then the next depthwise conv's padding: cpu.Fallback)
     loops = trial.get_loops(block_rv)
     at = trial.get(loop_rv)
     k = next(i for i, lp in enumerate(loops) if trial.get(lp).same_as(at))

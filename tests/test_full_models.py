@@ -1,4 +1,5 @@
-"""Full-size models (BERT-base, GPT-2 small with its 50257-word LM head, ResNet-50) through
+"""Full-size models (BERT-base, GPT-2 small with its 50257-word LM head, ResNet-50, MobileNetV2,
+ConvNeXt-T) through
 tvmfuse: they match PyTorch, every matmul and conv is taken by its real rule (no naive fallback,
 whatever the extents), kernel names are short, and each kernel's FLOPs are counted for the
 roofline. "small" size: sequence 16, image 64x64; the weights are full size."""
@@ -38,7 +39,7 @@ def test_every_matmul_and_conv_takes_its_rule(name):
              if isinstance(f, tvm.tirx.PrimFunc) and int(f.attrs.get("tvmfuse.flops", 0)) > 0}
     assert heavy and set(heavy.values()) <= {"cpu.Matmul", "cpu.Conv2D", "cpu.Attention"}, heavy
     attention = [n for n, rule in heavy.items() if rule == "cpu.Attention"]
-    assert len(attention) == (0 if name == "resnet50" else 12), attention  # one per layer
+    assert len(attention) == models.ATTENTION_LAYERS.get(name, 0), attention  # one per layer
 
 
 @pytest.mark.parametrize("name", models.FULL_SIZE)

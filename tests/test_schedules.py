@@ -339,3 +339,28 @@ def test_merged_gate_up_projection_keeps_its_matmul_rule():
     ref = xv.astype("float64") @ wv
     a, b = ref[:, :n], ref[:, n:]
     np.testing.assert_allclose(c(xv), a / (1 + np.exp(-a)) * b, rtol=1e-4, atol=1e-5)
+
+
+def test_matmul_whose_epilogue_pads_through_a_reshape_keeps_its_rule():
+    """MobileNetV2 at 64x64: a 1x1 conv on a 4x4 map runs as a matmul over pixels (Conv1x1AsMatmul),
+    and its epilogue (back to NCHW, bias, ReLU6, then the next depthwise conv's padding) cannot
+    join the tile: TVM's reverse_compute_at raised a ValueError the join did not catch, and the
+    kernel fell to cpu.Fallback. The epilogue now runs as its own loops after the tile."""
+    rng = np.random.default_rng(5)
+    p, c, o, hw = 16, 96, 576, 4
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, p, c), "float32"))
+    wv = rng.standard_normal((c, o)).astype("float32") * 0.1
+    bv = rng.standard_normal((1, o, 1, 1)).astype("float32")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, relax.const(wv)))
+            y = bb.emit(relax.op.reshape(relax.op.permute_dims(m, [0, 2, 1]), (1, o, hw, hw)))
+            y = bb.emit(relax.op.clip(relax.op.add(y, relax.const(bv)), 0.0, 6.0))
+            out = bb.emit_output(relax.op.nn.pad(y, [0, 0, 0, 0, 1, 1, 1, 1]))
+        bb.emit_func_output(out)
+    c_ = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    assert "cpu.Fallback" not in _rules(c_).values(), _rules(c_)
+    xv = rng.standard_normal((1, p, c)).astype("float32")
+    ref = np.clip((xv @ wv).transpose(0, 2, 1).reshape(1, o, hw, hw) + bv, 0, 6)
+    np.testing.assert_allclose(c_(xv), np.pad(ref, [(0, 0), (0, 0), (1, 1), (1, 1)]), rtol=1e-4, atol=1e-4)

@@ -16,6 +16,10 @@ Full-size models, the configs' defaults (random weights, eager attention, batch 
   gpt2-small      transformers GPT2LMHeadModel(GPT2Config(use_cache=False)): n_embd 768, 12 layers,
                   12 heads, the LM head onto the 50257-word vocabulary
   resnet50        transformers ResNetForImageClassification(ResNetConfig(num_labels=1000))
+  mobilenet-v2    transformers MobileNetV2ForImageClassification(MobileNetV2Config()): depthwise 3x3
+                  convs, ReLU6, TF "same" padding
+  convnext-tiny   transformers ConvNextForImageClassification(ConvNextConfig()): depthwise 7x7 convs,
+                  LayerNorm and the MLP channels-last, layer scale, GELU
 
 Sizes: "small" (tests: sequence 16, image 16x16; the full-size models image 64x64) and "bench"
 (sequence 128, image 64x64; the full-size models 224x224).
@@ -123,19 +127,23 @@ def _resnet_module():
     return net.eval()
 
 
-def _resnet50_module():
+def _image_classifier(kind):
+    """A transformers image classifier with its default config (1000 classes), logits out."""
     torch = _torch()
-    from transformers import ResNetConfig, ResNetForImageClassification
+    import transformers
 
-    class ResNet(torch.nn.Module):
+    config = getattr(transformers, f"{kind}Config")(num_labels=1000)
+    model = getattr(transformers, f"{kind}ForImageClassification")
+
+    class Classifier(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.net = ResNetForImageClassification(ResNetConfig(num_labels=1000))
+            self.net = model(config)
 
         def forward(self, pixel_values):
             return self.net(pixel_values=pixel_values).logits
 
-    net = ResNet()
+    net = Classifier()
     with torch.no_grad():  # non-trivial BatchNorm statistics, so inference BN is not an identity
         for m in net.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
@@ -193,10 +201,23 @@ def gpt2_small(size="bench"):
     return _torch_model("gpt2-small", module, [_ids(size, 50257)], size, rtol=1e-3, atol=1e-3)
 
 
-def resnet50(size="bench"):
+def _image(size):
     n = FULL_IMAGE[size]
-    x = np.random.default_rng(0).standard_normal((1, 3, n, n)).astype("float32")
-    return _torch_model("resnet50", _resnet50_module(), [x], size, rtol=1e-3, atol=1e-3)
+    return np.random.default_rng(0).standard_normal((1, 3, n, n)).astype("float32")
+
+
+def resnet50(size="bench"):
+    return _torch_model("resnet50", _image_classifier("ResNet"), [_image(size)], size, rtol=1e-3, atol=1e-3)
+
+
+def mobilenet_v2(size="bench"):
+    return _torch_model("mobilenet-v2", _image_classifier("MobileNetV2"), [_image(size)], size, rtol=1e-3,
+                        atol=1e-3)
+
+
+def convnext_tiny(size="bench"):
+    return _torch_model("convnext-tiny", _image_classifier("ConvNext"), [_image(size)], size, rtol=1e-3,
+                        atol=1e-3)
 
 
 def export_onnx(module, arrays, names) -> bytes:
@@ -238,8 +259,9 @@ def bert_tiny_onnx(size="small"):
 
 MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "resnet-tiny": resnet_tiny,
           "bert-tiny-onnx": bert_tiny_onnx, "bert-base": bert_base, "gpt2-small": gpt2_small,
-          "resnet50": resnet50}
-FULL_SIZE = ("bert-base", "gpt2-small", "resnet50")
+          "resnet50": resnet50, "mobilenet-v2": mobilenet_v2, "convnext-tiny": convnext_tiny}
+FULL_SIZE = ("bert-base", "gpt2-small", "resnet50", "mobilenet-v2", "convnext-tiny")
+ATTENTION_LAYERS = {"bert-base": 12, "gpt2-small": 12}  # one fused attention kernel per layer
 
 
 def names() -> list[str]:
