@@ -2,8 +2,9 @@
 
   phase           what happens                                                 where
   normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
-  fold_constants  constants folded; BatchNorm and other per-channel affine      passes/fold_batch_norm.py
-                  chains folded into conv/matmul weights; 1x1 convs on small   passes/conv1x1_matmul.py
+  fold_constants  constants folded; explicit zero pads into the conv's padding; passes/fold_padding.py,
+                  BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
+                  conv/matmul weights; 1x1 convs on small                      passes/conv1x1_matmul.py
                   maps as matmuls over pixels (llvm) (every variant alike)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
@@ -69,11 +70,13 @@ def check_variant(fusion: str) -> str:
 def constant_passes() -> list:
     """Build-time work on constants, the same for every variant (so variants still compare fusion):
     constant subgraphs evaluated (a transposed weight becomes a constant in the layout it is read),
-    inference BatchNorm and other per-channel affine chains folded into conv / matmul weights."""
+    explicit zero pads folded into the conv they feed, inference BatchNorm and other per-channel
+    affine chains folded into conv / matmul weights."""
     from .passes.fold_batch_norm import FoldBatchNorm
     from .passes.fold_constants import fold_all
+    from .passes.fold_padding import FoldExplicitPadding
 
-    return [fold_all(), FoldBatchNorm, relax.transform.DeadCodeElimination()]
+    return [fold_all(), FoldExplicitPadding, FoldBatchNorm, relax.transform.DeadCodeElimination()]
 
 
 def graph_passes(fusion: str, knobs: config.Knobs | None = None) -> list:
