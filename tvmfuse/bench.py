@@ -219,7 +219,7 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
         from .runtime import kernel_profile
 
         row.kernels = [{k: v for k, v in r.items() if k != "outputs"}
-                       for r in kernel_profile(calls["tvmfuse"].compiled, w.inputs(), runs=3, budget_s=3.0)]
+                       for r in kernel_profile(calls["tvmfuse"].compiled, w.inputs(), runs=5, budget_s=3.0)]
     row.samples = {s: len(v) for s, v in samples.items()}
     return row
 

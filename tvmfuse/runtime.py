@@ -10,6 +10,7 @@
 """
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -153,7 +154,7 @@ def dynamic_launches(compiled, args, kernels_per_func: dict[str, int] | None = N
 
 def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> list[dict]:
     """Per-kernel profile, one row per PrimFunc called from main, in first-call order: name, calls
-    and ms (per inference, the mean over up to `runs` instrumented runs within `budget_s`; host-side
+    and ms (per inference, the median over up to `runs` instrumented runs within `budget_s`; host-side
     time from vm.set_instrument, a few µs of hook overhead included), bytes (tensor args + outputs per
     inference), share (of the kernels' summed time) and outputs (the Relax vars it writes)."""
     args = compiled.convert_inputs(inputs)
@@ -173,14 +174,18 @@ def kernel_profile(compiled, inputs, runs: int = 5, budget_s: float = 2.0) -> li
     runs = max(1, min(runs, int(budget_s / max(time.perf_counter() - t0, 1e-6))))
     kc = KernelCounter(compiled.device, kernel_names(compiled))
     vm.set_instrument(kc)
+    per_run = []  # each kernel's time in each run: the median drops a run a noisy host stalled
     for _ in range(runs):
+        before = dict(kc.times)
         vm["main"](*args)
+        per_run.append({n: t - before.get(n, 0.0) for n, t in kc.times.items()})
     names = list(kc.kernels())
-    total = sum(kc.times[n] for n in names) or 1.0
+    median = {n: statistics.median(r.get(n, 0.0) for r in per_run) for n in names}
+    total = sum(median.values()) or 1.0
     funcs = {gv.name_hint: f for gv, f in compiled.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     flops = {n: int(funcs[n].attrs.get("tvmfuse.flops", 0)) if n in funcs and funcs[n].attrs else 0 for n in names}
-    return [{"name": n, "calls": kc.counts[n] // runs, "ms": kc.times[n] * 1e3 / runs,
-             "bytes": sites.get(n, {}).get("bytes", 0), "share": kc.times[n] / total,
+    return [{"name": n, "calls": kc.counts[n] // runs, "ms": median[n] * 1e3,
+             "bytes": sites.get(n, {}).get("bytes", 0), "share": median[n] / total,
              "flops": flops[n] * (kc.counts[n] // runs), "outputs": sites.get(n, {}).get("outputs", []),
              "rule": str(funcs[n].attrs.get("tvmfuse.rule", "")) if n in funcs and funcs[n].attrs else ""}
             for n in names]
