@@ -252,8 +252,52 @@ def join_tile(sch, block_rv, loop_rv, produced=None) -> bool:
     # unprovable: decline (a symbolic concat, 2n rows)
     if not _at_least(visited, points) or (produced is not None and not _at_least(produced, points)):
         return False
+    # ... and visit each point once: more visits are fine only where a predicate masks them (a
+    # ragged tile's). An epilogue reading one fixed batch of a batched matmul (a slice of batch 0)
+    # joined under the batch loop was recomputed in every batch's tile, reading batches not yet
+    # computed: wrong results (Winograd's output transform, 16 slices of one batched matmul)
+    if not _at_least(points, visited) and not _predicated(trial, block_rv):
+        return False
+    if not _reads_every_outer_loop(trial, block_rv, loops[: k + 1]):
+        return False
     sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     return True
+
+
+def _reads_every_outer_loop(sch, block_rv, outer) -> bool:
+    """Whether the joined block's bindings use every loop it sits under (extent > 1): a loop it
+    does not use repeats it, each time reading what that iteration of the tile has not written."""
+    import tvm_ffi
+    from tvm import s_tir
+
+    name, used = sch.get(block_rv).name_hint, set()
+
+    def visit(realize):
+        if realize.block.name_hint == name:
+            for value in list(realize.iter_values) + [realize.predicate]:
+                used.update(v.name for v in tvm.tirx.analysis.undefined_vars(value))
+
+    tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlockRealize, visit), order="post")
+    for lp in outer:
+        loop = sch.get(lp)
+        if not (isinstance(loop.extent, tvm.tirx.IntImm) and int(loop.extent) == 1) and loop.loop_var.name not in used:
+            return False
+    return True
+
+
+def _predicated(sch, block_rv) -> bool:
+    """Whether the block's realize carries a predicate (T.where) other than true."""
+    import tvm_ffi
+    from tvm import s_tir
+
+    name, found = sch.get(block_rv).name_hint, []
+
+    def visit(realize):
+        if realize.block.name_hint == name:
+            found.append(not (isinstance(realize.predicate, tvm.tirx.IntImm) and int(realize.predicate) == 1))
+
+    tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlockRealize, visit), order="post")
+    return any(found)
 
 
 def _at_least(a, b) -> bool:

@@ -364,3 +364,30 @@ def test_matmul_whose_epilogue_pads_through_a_reshape_keeps_its_rule():
     xv = rng.standard_normal((1, p, c)).astype("float32")
     ref = np.clip((xv @ wv).transpose(0, 2, 1).reshape(1, o, hw, hw) + bv, 0, 6)
     np.testing.assert_allclose(c_(xv), np.pad(ref, [(0, 0), (0, 0), (1, 1), (1, 1)]), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("batches,rows", [(4, 16), (16, 49)])
+def test_epilogue_reading_one_fixed_batch_of_a_batched_matmul(batches, rows):
+    """Each batch of a batched matmul sliced out and the slices summed (the shape of Winograd's
+    output transform). The slice of batch 0 joined the tile under the batch loop, so it was
+    recomputed in every batch's tile, reading batches not computed yet: max error 82. join_tile
+    now refuses a join whose block does not use every loop above it."""
+    rng = np.random.default_rng(7)
+    c = o = 32
+    wv = rng.standard_normal((batches, c, o)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batches, rows, c), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, relax.const(wv)))
+            parts = [bb.emit(relax.op.squeeze(relax.op.strided_slice(m, axes=[0], begin=[i], end=[i + 1]), [0]))
+                     for i in range(batches)]
+            acc = parts[0]
+            for p in parts[1:]:
+                acc = bb.emit(relax.op.add(acc, p))
+            out = bb.emit_output(acc)
+        bb.emit_func_output(out)
+    compiled = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    assert "cpu.Matmul" in _rules(compiled).values()
+    xv = rng.standard_normal((batches, rows, c)).astype("float32")
+    np.testing.assert_allclose(compiled(xv), (xv.astype("float64") @ wv).sum(0), rtol=1e-4, atol=1e-3)
