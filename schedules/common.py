@@ -260,8 +260,91 @@ def join_tile(sch, block_rv, loop_rv, produced=None) -> bool:
         return False
     if not _reads_every_outer_loop(trial, block_rv, loops[: k + 1]):
         return False
+    # ... and, where the nest is small enough to enumerate, cover each point exactly once: a zero
+    # padding joined to a ragged tile (a matmul's rows, then the next conv's padding) mapped the
+    # tile's rows to rows 1..13 of 14 and left the border row unwritten (fuzzing, seed 150)
+    if _covers_exactly(trial, block_rv) is False:
+        return False
     sch.reverse_compute_at(block_rv, loop_rv, preserve_unit_loops=True)
     return True
+
+
+_ENUMERATE_LIMIT = 1 << 20  # joined nests up to this many iterations are checked point by point
+
+
+def _covers_exactly(sch, block_rv):
+    """True when the block's iterations in its joined nest (predicate applied) hit every point of
+    its domain exactly once; False when they do not; None when it cannot tell (symbolic extents, a
+    nest over the enumeration limit, an expression it does not evaluate)."""
+    import numpy as np
+    import tvm_ffi
+    from tvm import s_tir
+
+    loops = [sch.get(lp) for lp in sch.get_loops(block_rv)]
+    if not all(isinstance(lp.extent, tvm.tirx.IntImm) and isinstance(lp.min, tvm.tirx.IntImm) for lp in loops):
+        return None
+    extents = [int(lp.extent) for lp in loops]
+    total = int(np.prod(extents, dtype=np.int64)) if extents else 1
+    if total > _ENUMERATE_LIMIT:
+        return None
+    name, found = sch.get(block_rv).name_hint, []
+    tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlockRealize, lambda r: found.append(r)
+                                                   if r.block.name_hint == name else None), order="post")
+    if len(found) != 1:
+        return None
+    realize = found[0]
+    grid = np.indices(extents, dtype=np.int64).reshape(len(extents), -1) if extents else np.zeros((0, 1), np.int64)
+    env = {lp.loop_var.name: grid[i] + int(lp.min) for i, lp in enumerate(loops)}
+    try:
+        keep = np.broadcast_to(np.asarray(_evaluate(realize.predicate, env), dtype=bool), (grid.shape[1],))
+        values = [np.broadcast_to(_evaluate(v, env), (grid.shape[1],))[keep] for v in realize.iter_values]
+    except _NotEvaluable:
+        return None
+    doms = [iv.dom for iv in realize.block.iter_vars]
+    if not all(isinstance(d.extent, tvm.tirx.IntImm) and isinstance(d.min, tvm.tirx.IntImm) for d in doms):
+        return None
+    flat = np.zeros(int(keep.sum()), dtype=np.int64)
+    size = 1
+    for v, d in zip(values, doms):
+        lo, n = int(d.min), int(d.extent)
+        if v.size and (v.min() < lo or v.max() >= lo + n):
+            return False
+        flat = flat * n + (v - lo)
+        size *= n
+    if flat.size != size:
+        return False
+    seen = np.zeros(size, dtype=bool)
+    seen[flat] = True
+    return bool(seen.all())
+
+
+class _NotEvaluable(Exception):
+    pass
+
+
+def _evaluate(e, env):
+    """A TIR integer/boolean expression over loop variables, evaluated on numpy arrays."""
+    import numpy as np
+
+    t = tvm.tirx
+    if isinstance(e, t.IntImm):
+        return np.int64(int(e))
+    if isinstance(e, t.Var):
+        if e.name not in env:
+            raise _NotEvaluable(e.name)
+        return env[e.name]
+    if isinstance(e, t.Cast):
+        return _evaluate(e.value, env)
+    binary = {t.Add: np.add, t.Sub: np.subtract, t.Mul: np.multiply, t.FloorDiv: np.floor_divide,
+              t.FloorMod: np.mod, t.Min: np.minimum, t.Max: np.maximum, t.LT: np.less, t.LE: np.less_equal,
+              t.GT: np.greater, t.GE: np.greater_equal, t.EQ: np.equal, t.NE: np.not_equal,
+              t.And: np.logical_and, t.Or: np.logical_or}
+    for cls, fn in binary.items():
+        if isinstance(e, cls):
+            return fn(_evaluate(e.a, env), _evaluate(e.b, env))
+    if isinstance(e, t.Not):
+        return np.logical_not(_evaluate(e.a, env))
+    raise _NotEvaluable(type(e).__name__)
 
 
 def _reads_every_outer_loop(sch, block_rv, outer) -> bool:

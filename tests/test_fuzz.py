@@ -97,7 +97,8 @@ def test_injected_fusion_fault_is_caught_and_shrunk(monkeypatch):
     failing = next(s for s in range(60) if "subtract" in spec_ops(_spec(s)) and check_spec(_spec(s)).kind == "mismatch")
     small = shrink_seed(failing, MAX_OPS, lambda sp: check_spec(sp).kind == "mismatch", budget=60)
     assert small is not None and "subtract" in spec_ops(small)
-    assert len(small["ops"]) <= 5 < len(_spec(failing)["ops"]), small
+    # at most one composite's worth (layer_norm_decomposed is 7 ops, shrunk as one choice)
+    assert len(small["ops"]) <= 7 < len(_spec(failing)["ops"]), small
     assert check_spec(small).variant == "tvmfuse"
 
 

@@ -25,14 +25,15 @@ MAX_ELEMS = 1024  # per tensor: keeps 3 builds + runs per graph well under a sec
 
 UNARY = ("exp", "tanh", "sigmoid", "relu", "negative", "abs", "sqrt_abs")
 BINARY = ("add", "multiply", "subtract", "maximum", "minimum", "divide")
-LAYOUT = ("reshape", "permute_dims", "expand_dims", "squeeze", "strided_slice", "concat")
+LAYOUT = ("reshape", "permute_dims", "expand_dims", "squeeze", "strided_slice", "concat", "pad")
 REDUCE = ("sum", "mean", "max", "min", "softmax", "layer_norm_decomposed", "layer_norm")
-OTHER = ("matmul", "conv2d", "astype", "attention")  # attention: a composite (matmul, softmax, matmul)
-SIZED_OPS = frozenset({"reshape", "strided_slice", "conv2d"})  # attributes that name sizes: no symbolic dims
+OTHER = ("matmul", "conv2d", "astype", "attention", "anchor_slices")  # attention: a composite (matmul,
+# softmax, matmul); anchor_slices: two slices of one matmul's output combined (SwiGLU, Winograd)
+SIZED_OPS = frozenset({"reshape", "strided_slice", "conv2d", "pad"})  # attributes that name sizes: no symbolic dims
 KINDS = BINARY[:1] + UNARY + BINARY[1:] + LAYOUT + REDUCE + OTHER  # "add" first: the shrink target
 ALL_OPS = sorted({"add", "subtract", "multiply", "divide", "maximum", "minimum", "exp", "tanh", "sigmoid",
                   "relu", "negative", "abs", "sqrt", "rsqrt", "astype", "reshape", "permute_dims",
-                  "expand_dims", "squeeze", "strided_slice", "concat", "sum", "mean", "max", "min",
+                  "expand_dims", "squeeze", "strided_slice", "concat", "pad", "sum", "mean", "max", "min",
                   "softmax", "layer_norm", "matmul", "conv2d"})
 
 

@@ -258,7 +258,50 @@ def conv2d(g: Graph, op):
     pad, kern, stride = g.src.int(0, 1), g.pick((1, 3)), g.src.int(1, 2)
     if kern > h + 2 * pad or kern > w + 2 * pad:
         raise _Reject("kernel larger than the padded input")
-    wt = g.new_input((g.pick((1, 2, 4, 8, 16)), c, kern, kern), a.dtype)
+    groups = g.pick([d for d in (1, 2, c) if c % d == 0])  # grouped and depthwise (c) convs too
+    wt = g.new_input((groups * g.pick((1, 2, 4, 8, 16)), c // groups, kern, kern), a.dtype)
     shape = (n, wt.shape[0], (h + 2 * pad - kern) // stride + 1, (w + 2 * pad - kern) // stride + 1)
-    return g.emit("conv2d", [a, wt], shape, c * kern * kern * a.bound * 2.0, strides=[stride, stride],
-                  padding=[pad, pad])
+    return g.emit("conv2d", [a, wt], shape, c // groups * kern * kern * a.bound * 2.0, strides=[stride, stride],
+                  padding=[pad, pad], groups=groups)
+
+
+@_gen("anchor_slices")
+def anchor_slices(g: Graph, op):
+    """A matmul whose output is sliced twice and the slices combined: along the last axis,
+    sigmoid(first half) * second half (SwiGLU with one merged weight), or, batched, two batches
+    added (Winograd's output transform). The combining op reads the anchor at two positions."""
+    a = _ranked(g, 2)
+    k = a.shape[-1]
+    batched = len(a.shape) == 3 and a.shape[0] >= 2 and g.flag()
+    n = g.pick((2, 6, 10, 32)) if not batched else g.pick((1, 5, 8))
+    b = g.new_input(a.shape[:-2] + (k, n) if batched else (k, n), a.dtype)
+    shape = a.shape[:-1] + (n,)
+    m = g.emit("matmul", [a, b], shape, k * a.bound * b.bound)
+    if batched:
+        i, j = 0, a.shape[0] - 1
+        s0 = g.emit("strided_slice", [m], (1,) + shape[1:], m.bound, axes=[0], begin=[i], end=[i + 1], strides=[1])
+        s1 = g.emit("strided_slice", [m], (1,) + shape[1:], m.bound, axes=[0], begin=[j], end=[j + 1], strides=[1])
+        q0 = g.emit("squeeze", [s0], shape[1:], m.bound, axis=[0])
+        q1 = g.emit("squeeze", [s1], shape[1:], m.bound, axis=[0])
+        return g.emit("add", [q0, q1], shape[1:], 2 * m.bound)
+    half = n // 2
+    last = len(shape) - 1
+    s0 = g.emit("strided_slice", [m], shape[:-1] + (half,), m.bound, axes=[last], begin=[0], end=[half],
+                strides=[1])
+    s1 = g.emit("strided_slice", [m], shape[:-1] + (n - half,), m.bound, axes=[last], begin=[half], end=[n],
+                strides=[1])
+    gate = g.emit("sigmoid", [s0], s0.shape, 1.0)
+    return g.emit("multiply", [gate, s1], s1.shape, m.bound)
+
+
+@_gen("pad")
+def pad(g: Graph, op):
+    """A zero pad of the last two axes (TF "same" padding, FoldExplicitPadding's input)."""
+    a = _ranked(g, 2)
+    widths = [0] * (2 * len(a.shape))
+    for ax in (len(a.shape) - 2, len(a.shape) - 1):
+        widths[2 * ax], widths[2 * ax + 1] = g.src.int(0, 2), g.src.int(0, 2)
+    shape = tuple(d + widths[2 * i] + widths[2 * i + 1] for i, d in enumerate(a.shape))
+    if math.prod(shape) > 1024:
+        raise _Reject("padded tensor too large")
+    return g.emit("pad", [a], shape, a.bound, lo=min(a.lo, 0.0), pad_width=widths)

@@ -63,7 +63,9 @@ def relax_expr(op: str, args: list, attrs: dict, env: dict) -> relax.Expr:
         "softmax": lambda: R.nn.softmax(a[0], axis=attrs["axis"]),
         "layer_norm": lambda: R.nn.layer_norm(a[0], a[1], a[2], attrs["axes"], attrs["epsilon"]),
         "matmul": lambda: R.matmul(a[0], a[1]),
-        "conv2d": lambda: R.nn.conv2d(a[0], a[1], strides=attrs["strides"], padding=attrs["padding"]),
+        "conv2d": lambda: R.nn.conv2d(a[0], a[1], strides=attrs["strides"], padding=attrs["padding"],
+                                      groups=attrs.get("groups", 1)),
+        "pad": lambda: R.nn.pad(a[0], attrs["pad_width"]),
     }
     if op not in simple:
         raise KeyError(f"unknown fuzz op {op!r}")
