@@ -113,3 +113,19 @@ def planning_bytes(ty) -> int:
     if d is None:
         return 0
     return int(np.prod([_nominal(x) for x in d], dtype=np.int64)) * tvm.runtime.DataType(ty.dtype).bits // 8
+
+
+def rewrite_relax_functions(mod: tvm.IRModule, mutator, changes) -> tvm.IRModule | None:
+    """Visit every Relax function of `mod` with `mutator` (a PyExprMutator); `changes()` reads the
+    count of rewrites the mutator keeps. The module with the changed functions replaced, or None
+    when nothing changed (what a rewriting module pass returns as `mod` itself)."""
+    out = {}
+    for gv, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            before = changes()
+            new = mutator.visit_expr(func)
+            if changes() != before:
+                out[gv] = new
+    if not out:
+        return None
+    return tvm.IRModule({**dict(mod.functions_items()), **out}, attrs=mod.attrs)

@@ -35,6 +35,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from ..relax_utils import rewrite_relax_functions
+
 log = logging.getLogger("tvmfuse.fusion")
 
 
@@ -131,16 +133,7 @@ def conv1x1_as_matmul(table):
     @tvm.transform.module_pass(opt_level=0, name="tvmfuse.Conv1x1AsMatmul")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         rw = _Rewrite(mod, table)
-        out = {}
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                before = rw.rewritten
-                new = rw.visit_expr(func)
-                if rw.rewritten != before:
-                    out[gv] = new
-        if not out:
-            return mod
-        mod = tvm.IRModule({**dict(mod.functions_items()), **out}, attrs=mod.attrs)
-        return relax.transform.Normalize()(mod)
+        out = rewrite_relax_functions(mod, rw, lambda: rw.rewritten)
+        return mod if out is None else relax.transform.Normalize()(out)
 
     return _pass

@@ -27,6 +27,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from ..relax_utils import rewrite_relax_functions
+
 
 def _widths(call):
     return [int(v) for v in call.attrs.pad_width]
@@ -84,14 +86,5 @@ class _Fold(relax.PyExprMutator):
 @tvm.transform.module_pass(opt_level=0, name="tvmfuse.FoldExplicitPadding")
 def FoldExplicitPadding(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
     fold = _Fold(mod)
-    out = {}
-    for gv, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            before = fold.changed
-            new = fold.visit_expr(func)
-            if fold.changed != before:
-                out[gv] = new
-    if not out:
-        return mod
-    mod = tvm.IRModule({**dict(mod.functions_items()), **out}, attrs=mod.attrs)
-    return relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(mod))
+    out = rewrite_relax_functions(mod, fold, lambda: fold.changed)
+    return mod if out is None else relax.transform.CanonicalizeBindings()(relax.transform.Normalize()(out))
