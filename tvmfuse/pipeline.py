@@ -129,8 +129,10 @@ def phase_passes(phase: str, opts: Options) -> list:
         if t.kind.name != "llvm":
             return constant_passes()
         from .passes.conv1x1_matmul import conv1x1_as_matmul
+        from .passes.winograd import winograd_3x3
 
-        return constant_passes() + [conv1x1_as_matmul(schedules.targets.cpu_table(t))]
+        table = schedules.targets.cpu_table(t)
+        return constant_passes() + [conv1x1_as_matmul(table), winograd_3x3(table)]
     if phase == "fuse":
         return graph_passes(opts.fusion, opts.knobs)
     if phase == "mark_constants":

@@ -1,0 +1,107 @@
+"""Winograd3x3 (tvmfuse/passes/winograd.py): numerics against PyTorch on ragged maps, the kernels it
+makes and the rules that take them, every fusion variant, and the convs it must leave alone."""
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvmfuse
+from tvmfuse.passes.winograd import transformed_weight
+
+torch = pytest.importorskip("torch")
+
+WINOGRAD_RULES = {"winograd.InputTransform", "winograd.OutputTransform"}
+
+
+def _module(c, o, h, w, wv, bv, stride=1, padding=1, groups=1, dilation=1, batch=1, const_weight=True):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, c, h, w), "float32"))
+    params = [x]
+    if const_weight:
+        weight = relax.const(wv)
+    else:
+        weight = relax.Var("w", relax.TensorType(wv.shape, "float32"))
+        params.append(weight)
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=stride, padding=padding, groups=groups,
+                                           dilation=dilation))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, relax.const(bv))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _rules(c):
+    return {str(f.attrs["tvmfuse.rule"]) for _gv, f in c.mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.rule" in f.attrs}
+
+
+def _reference(xv, wv, bv, **kw):
+    y = torch.nn.functional.conv2d(torch.from_numpy(xv).double(), torch.from_numpy(wv).double(), **kw)
+    return torch.relu(y + torch.from_numpy(bv).double()).numpy()
+
+
+@pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
+@pytest.mark.parametrize("c,o,h,w", [(16, 16, 8, 8), (32, 48, 13, 13), (8, 24, 9, 10)])
+def test_winograd_conv_matches_pytorch(c, o, h, w, fusion):
+    rng = np.random.default_rng(c + o + h + w)
+    wv = (rng.standard_normal((o, c, 3, 3)) * 0.2).astype("float32")
+    bv = rng.standard_normal((1, o, 1, 1)).astype("float32")
+    xv = rng.standard_normal((1, c, h, w)).astype("float32")
+    compiled = tvmfuse.build(_module(c, o, h, w, wv, bv), "llvm", fusion)
+    rules = _rules(compiled)
+    assert WINOGRAD_RULES <= rules and "cpu.Matmul" in rules and "cpu.Conv2D" not in rules, rules
+    np.testing.assert_allclose(compiled(xv), _reference(xv, wv, bv, padding=1), rtol=1e-4, atol=1e-4)
+
+
+def test_transformed_weight_is_g_w_gt():
+    """U[4a+b, c, o] = (G W[o, c] Gᵀ)[a, b]: its column sums give back W's row sums (G's rows 1, 2
+    average the taps: 0.5 + 0.5 of each), and a delta kernel maps to G's outer products."""
+    w = np.zeros((1, 1, 3, 3), "float32")
+    w[0, 0, 1, 1] = 1.0  # the centre tap
+    u = transformed_weight(w).reshape(4, 4)
+    g1 = np.array([0, 0.5, -0.5, 0])  # G's centre column
+    np.testing.assert_allclose(u, np.outer(g1, g1))
+
+
+@pytest.mark.parametrize("kw,why", [
+    (dict(stride=2), "strided"),
+    (dict(groups=2), "grouped"),
+    (dict(padding=0), "unpadded"),
+    (dict(dilation=2, padding=2), "dilated"),
+    (dict(batch=2), "batch 2"),
+    (dict(const_weight=False), "a weight that is an input"),
+])
+def test_winograd_must_not_fire(kw, why):
+    c = o = 16
+    rng = np.random.default_rng(1)
+    wv = (rng.standard_normal((o, c // kw.get("groups", 1), 3, 3)) * 0.2).astype("float32")
+    bv = rng.standard_normal((1, o, 1, 1)).astype("float32")
+    compiled = tvmfuse.build(_module(c, o, 10, 10, wv, bv, **kw), "llvm", "tvmfuse")
+    assert not WINOGRAD_RULES & _rules(compiled), why
+    assert "cpu.Conv2D" in _rules(compiled), why
+
+
+def test_small_maps_and_large_weights_stay_direct(monkeypatch):
+    """Profitability: a 7x7 map (under winograd_min_map) stays a direct conv, and so does a conv
+    whose transformed weight is over winograd_max_weight_mib; TVMFUSE_CPU_WINOGRAD=0 turns it off."""
+    import schedules.targets as targets
+
+    rng = np.random.default_rng(2)
+    wv = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
+    bv = np.zeros((1, 16, 1, 1), "float32")
+    small = tvmfuse.build(_module(16, 16, 7, 7, wv, bv), "llvm", "tvmfuse")
+    assert not WINOGRAD_RULES & _rules(small)
+    table = targets.cpu_table()
+    monkeypatch.setitem(table, "winograd_max_weight_mib", 0)
+    assert not WINOGRAD_RULES & _rules(tvmfuse.build(_module(16, 16, 10, 10, wv, bv), "llvm", "tvmfuse"))
+    monkeypatch.setitem(table, "winograd_max_weight_mib", 8)
+    monkeypatch.setitem(table, "winograd", 0)
+    assert not WINOGRAD_RULES & _rules(tvmfuse.build(_module(16, 16, 10, 10, wv, bv), "llvm", "tvmfuse"))
+
+
+def test_cuda_builds_keep_the_direct_conv():
+    rng = np.random.default_rng(3)
+    wv = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
+    compiled = tvmfuse.build(_module(16, 16, 10, 10, wv, np.zeros((1, 16, 1, 1), "float32")), "cuda", "tvmfuse")
+    assert not WINOGRAD_RULES & _rules(compiled)

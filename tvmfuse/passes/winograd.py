@@ -1,0 +1,241 @@
+"""Winograd3x3: a 3x3, stride-1 conv2d with a constant weight becomes Winograd's F(2x2, 3x3): an
+input transform, 16 matmuls over the tiles (one batched matmul) and an output transform.
+
+Contract. In every Relax function, a binding `y = conv2d(x, W)` is rewritten when it is legal
+(`_legal`: NCHW / OIHW / NCHW, a 3x3 kernel, stride 1, dilation 1, groups 1, padding 1 on every
+side, batch 1, a constant float32 W, static C, H, W and O) and profitable on the target
+(`_profitable`), into
+
+  V  = call_tir(input_transform, x)         # [16, th*tw, C]: Bᵀ d B of every 4x4 input tile d
+  M  = matmul(V, U)                         # U = G W Gᵀ: a constant [16, C, O], made here
+  Y  = call_tir(output_transform, M)        # [th, 2, tw, 2, O]: Aᵀ m A of every tile
+  y  = permute_dims(reshape(Y), NCHW)       # (sliced to H x W when they are odd)
+
+The transforms are TE computes scheduled here (channel-last, so every load and store is a whole
+vector; the NCHW input is transposed once, in the input transform) and marked opaque to fusion;
+the matmul takes `cpu.Matmul` with U packed at build time; the layout change back to NCHW is an
+ordinary op that fuses with whatever follows the conv (bias, activation, residual).
+
+Numerics: in exact arithmetic this is the conv's sum regrouped: Bᵀ and Aᵀ hold only 0 and ±1, G
+only 0, ±1 and ±1/2 (exact in binary), so the result differs from the direct conv by the rounding
+of a regrouped sum (max relative error about 1e-6 at ResNet's sizes). `TVMFUSE_CPU_WINOGRAD=0`
+turns the pass off.
+
+Why: each 2x2 output tile costs 16 multiply-adds per (in, out) channel pair instead of 36, a 2.25x
+cut in the hot loop's FLOPs; the transforms move O(C·H·W) bytes. Profitability refuses maps
+narrower than `winograd_min_map` (the tiles of a 7x7 map waste a quarter of the matmul) and a
+transformed weight (16/9 of W) over `winograd_max_weight_mib` (it is read from memory each call).
+
+Must not fire: a strided, dilated, grouped or non-NCHW conv, padding other than 1, a kernel other
+than 3x3, a non-constant weight, batch other than 1, a symbolic dim, a non-float32 dtype, and a
+conv the profitability check refuses. Each rewrite and each refusal of a legal conv is logged on
+`tvmfuse.fusion`. llvm targets only (pipeline.py).
+"""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax, s_tir, te, tirx
+
+from ..relax_utils import rewrite_relax_functions
+
+log = logging.getLogger("tvmfuse.fusion")
+
+# F(2x2, 3x3) (Lavin & Gray 2016): Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A
+_BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
+_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64)
+_AT = ((1, 1, 1, 0), (0, 1, -1, -1))
+OPAQUE = 8  # op_pattern kOpaque: FuseOps leaves the transforms alone
+
+
+def _ints(values):
+    try:
+        return [int(d) for d in values]
+    except (TypeError, AttributeError):
+        return None
+
+
+def _legal(call):
+    """(C, H, W, O, weight array) when `call` is a conv this pass can rewrite, else a reason."""
+    a = call.attrs
+    if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
+        return f"layout {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not NCHW/OIHW/NCHW"
+    if int(a.groups) != 1:
+        return f"groups={int(a.groups)}"
+    if _ints(a.strides) != [1, 1] or _ints(a.dilation) != [1, 1]:
+        return f"strides {_ints(a.strides)}, dilation {_ints(a.dilation)}"
+    if _ints(a.padding) != [1, 1, 1, 1]:
+        return f"padding {_ints(a.padding)}"
+    x, w = call.args
+    if not isinstance(w, tvm.ir.expr.Constant):
+        return "a weight that is not a constant"
+    if not isinstance(x.ty, relax.TensorType) or x.ty.ndim != 4 or x.ty.shape is None:
+        return "an input of unknown rank or shape"
+    wv = w.value.numpy()
+    if wv.ndim != 4 or wv.shape[2:] != (3, 3):
+        return f"a weight of shape {wv.shape}"
+    dims = _ints(x.ty.shape.values)
+    if dims is None:
+        return "a symbolic dim"
+    if dims[0] != 1:
+        return f"batch {dims[0]}"
+    if str(x.ty.dtype) != "float32" or str(wv.dtype) != "float32" or \
+            str(a.out_dtype) not in ("", "void", "None", "float32"):
+        return f"dtypes {x.ty.dtype} x {wv.dtype} -> {a.out_dtype}"
+    return dims[1], dims[2], dims[3], wv.shape[0], wv
+
+
+def _profitable(c, h, w, o, table) -> str | None:
+    if min(h, w) < table["winograd_min_map"]:
+        return f"a {h}x{w} map is under winograd_min_map={table['winograd_min_map']}"
+    mib = 16 * c * o * 4 / 2**20
+    if mib > table["winograd_max_weight_mib"]:
+        return f"its transformed weight, {mib:.1f} MiB, is over winograd_max_weight_mib={table['winograd_max_weight_mib']}"
+    return None
+
+
+def transformed_weight(w: np.ndarray) -> np.ndarray:
+    """U[a*4+b, c, o] = (G W[o, c] Gᵀ)[a, b], computed in float64, as float32."""
+    u = np.einsum("ai,ocij,bj->abco", _G, w.astype(np.float64), _G)
+    return np.ascontiguousarray(u.reshape(16, w.shape[1], w.shape[0])).astype(np.float32)
+
+
+def _combine(terms):
+    """Σ k·t over (k, t) with k = ±1, as adds and subtracts."""
+    out = None
+    for k, t in terms:
+        out = (t if k > 0 else -t) if out is None else (out + t if k > 0 else out - t)
+    return out
+
+
+def _select(index, exprs):
+    """exprs[index] for a loop variable `index` that the schedule unrolls (the selects fold)."""
+    out = exprs[-1]
+    for i in range(len(exprs) - 2, -1, -1):
+        out = tirx.Select(index == i, exprs[i], out)
+    return out
+
+
+def _vector(c, lanes):
+    v = lanes
+    while v > 1 and c % v:
+        v //= 2
+    return v
+
+
+def input_transform(c, h, w, lanes):
+    """x [1, C, H, W] -> V [16, th*tw, C], V[4a+b, p, k] = (Bᵀ d B)[a, b] of tile p's 4x4 input d."""
+    th, tw = -(-h // 2), -(-w // 2)
+    x = te.placeholder((1, c, h, w), "float32", name="x")
+    xt = te.compute((2 * th + 2, 2 * tw + 2, c), lambda i, j, k: tirx.if_then_else(
+        tirx.all(i >= 1, i <= h, j >= 1, j <= w), x[0, k, i - 1, j - 1], tirx.const(0.0, "float32")), name="xt")
+
+    def value(ab, p, k):
+        ty, tx = p // tw, p % tw
+        exprs = [_combine([(_BT[a][i] * _BT[b][j], xt[2 * ty + i, 2 * tx + j, k])
+                           for i in range(4) for j in range(4) if _BT[a][i] * _BT[b][j]])
+                 for a in range(4) for b in range(4)]
+        return _select(ab, exprs)
+
+    v = te.compute((16, th * tw, c), value, name="V")
+    sch = s_tir.Schedule(te.create_prim_func([x, v]))
+    vec = _vector(c, lanes)
+    i, j, k = sch.get_loops(sch.get_sblock("xt"))
+    k0, k1 = sch.split(k, [None, vec])
+    sch.reorder(i, k0, j, k1)
+    sch.parallel(i)
+    sch.vectorize(k1)
+    ab, p, k = sch.get_loops(sch.get_sblock("V"))
+    k0, k1 = sch.split(k, [None, vec])
+    sch.reorder(p, k0, ab, k1)
+    sch.parallel(p)
+    sch.unroll(ab)
+    sch.vectorize(k1)
+    return _mark(sch.mod["main"], "winograd.InputTransform")
+
+
+def output_transform(o, h, w, lanes):
+    """M [16, th*tw, O] -> Y [th, 2, tw, 2, O], Y[ty, u, tx, v, k] = (Aᵀ m A)[u, v] of tile (ty, tx)."""
+    th, tw = -(-h // 2), -(-w // 2)
+    m = te.placeholder((16, th * tw, o), "float32", name="M")
+
+    def value(ty, u, tx, v, k):
+        p = ty * tw + tx
+        exprs = [_combine([(_AT[uu][a] * _AT[vv][b], m[4 * a + b, p, k])
+                           for a in range(4) for b in range(4) if _AT[uu][a] * _AT[vv][b]])
+                 for uu in range(2) for vv in range(2)]
+        return _select(u * 2 + v, exprs)
+
+    y = te.compute((th, 2, tw, 2, o), value, name="Y")
+    sch = s_tir.Schedule(te.create_prim_func([m, y]))
+    ty, u, tx, v, k = sch.get_loops(sch.get_sblock("Y"))
+    k0, k1 = sch.split(k, [None, _vector(o, lanes)])
+    sch.reorder(ty, tx, k0, u, v, k1)
+    sch.parallel(ty)
+    sch.unroll(u)
+    sch.unroll(v)
+    sch.vectorize(k1)
+    return _mark(sch.mod["main"], "winograd.OutputTransform")
+
+
+def _mark(func, rule):
+    return func.with_attrs({"tirx.is_scheduled": True, "tirx.noalias": True, "op_pattern": OPAQUE,
+                            "tvmfuse.rule": rule})
+
+
+@relax.expr_functor.mutator
+class _Rewrite(relax.PyExprMutator):
+    def __init__(self, mod, table):
+        super().__init__(mod)
+        self.table = table
+        self.rewritten = 0
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
+            return call
+        legal = _legal(call)
+        if isinstance(legal, str):
+            return call
+        c, h, w, o, wv = legal
+        why = _profitable(c, h, w, o, self.table)
+        if why:
+            log.info("conv2d %dx%dx%d -> %d (3x3/1) stays direct: %s", c, h, w, o, why)
+            return call
+        self.rewritten += 1
+        log.info("conv2d %dx%dx%d -> %d (3x3/1) as Winograd F(2x2, 3x3)", c, h, w, o)
+        return self._winograd(call.args[0], c, h, w, o, wv)
+
+    def _winograd(self, x, c, h, w, o, wv):
+        bb, emit = self.builder_, self.builder_.emit
+        lanes = max(1, int(self.table["vector_bytes"]) // 4)
+        th, tw = -(-h // 2), -(-w // 2)
+        fin = bb.add_func(input_transform(c, h, w, lanes), "winograd_input")
+        fout = bb.add_func(output_transform(o, h, w, lanes), "winograd_output")
+        v = emit(relax.call_tir(fin, [x], relax.TensorType((16, th * tw, c), "float32")))
+        m = emit(relax.op.matmul(v, relax.const(transformed_weight(wv))))
+        y = emit(relax.call_tir(fout, [m], relax.TensorType((th, 2, tw, 2, o), "float32")))
+        y = emit(relax.op.reshape(y, relax.ShapeExpr([1, 2 * th, 2 * tw, o])))
+        y = relax.op.permute_dims(y, [0, 3, 1, 2])
+        if (2 * th, 2 * tw) != (h, w):
+            y = relax.op.strided_slice(emit(y), axes=[2, 3], begin=[0, 0], end=[h, w])
+        return y
+
+
+def winograd_3x3(table):
+    """The pass for a CPU constants table (schedules/targets.cpu_table of the build's target)."""
+
+    @tvm.transform.module_pass(opt_level=0, name="tvmfuse.Winograd3x3")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        if not table.get("winograd", 0):
+            return mod
+        rw = _Rewrite(mod, table)
+        out = rewrite_relax_functions(mod, rw, lambda: rw.rewritten)
+        if out is None:
+            return mod
+        funcs = {**dict(rw.builder_.get().functions_items()), **dict(out.functions_items())}  # + the transforms
+        return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=out.attrs))
+
+    return _pass
