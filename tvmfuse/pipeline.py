@@ -4,8 +4,9 @@
   normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
   fold_constants  constants folded; explicit zero pads into the conv's padding; passes/fold_padding.py,
                   BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
-                  conv/matmul weights; 1x1 convs on small                      passes/conv1x1_matmul.py
-                  maps as matmuls over pixels (llvm) (every variant alike)
+                  conv/matmul weights; 1x1 convs on small                      passes/conv1x1_matmul.py,
+                  maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
+                  Winograd F(2x2, 3x3) (llvm) (every variant alike)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
                   plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
