@@ -62,6 +62,8 @@ class Conv2D(ScheduleRule):
         group = _grouping(sch, conv.block_rv, n_red)
         inlined = set()
         tile = None if group is None else _grouped_tile(sch, conv.block_rv, n_red, *group, v, inlined)
+        if tile is None and group is None and _prefer_columns(sch, conv.block_rv, n_red, v):
+            tile = _tile(sch, conv.block_rv, n_red)
         n_oc = extent(sch, sch.get_loops(conv.block_rv)[-n_red - 3])
         if tile is None and n_oc % v == 0:
             # (a grouping _grouped_tile declines, 2 outputs per group: each lane loads its own input)
@@ -84,6 +86,57 @@ class Conv2D(ScheduleRule):
             if not _inline_copy(sch, info.block_rv):  # ... unless nothing is padded (a 1x1 conv)
                 schedule_spatial(sch, info)
         return sch.mod["main"]
+
+
+def _prefer_columns(sch, conv, n_red, v) -> bool:
+    """Profitability: the column tile (`_tile`: output columns in the vector, NCHW rows written as
+    they are) over the channel tile, whose accumulators are channel-last and whose epilogue
+    transposes them back. The column tile needs unit-stride columns (a strided conv would gather
+    its input) and a vector of at least half the register dividing the width (112, 56 wide; not 28
+    on AVX-512). It pays when the reduction is too short to hide the transposing store
+    (`conv_column_max_reduction`: MobileNetV2's 16->96 and 24->144 expansions) or when the output
+    channels do not fill the channel vector (24 channels on 16 lanes)."""
+    loops = sch.get_loops(conv)
+    n_oc, n_ow = extent(sch, loops[-n_red - 3]), extent(sch, loops[-n_red - 1])
+    if not (n_oc and n_ow) or _widest_dividing(n_ow, v) < max(CPU["conv_min_vector"], v // 2):
+        return False
+    if _column_stride(sch, conv, n_red) != 1:
+        return False
+    reduction = 1
+    for loop in loops[-n_red:]:
+        reduction *= extent(sch, loop) or 0
+    return 0 < reduction <= CPU["conv_column_max_reduction"] or n_oc % v != 0
+
+
+def _column_stride(sch, conv, n_red):
+    """How far the input's column index moves per output column (the conv's width stride), or None
+    when the input read is not of the form this reads."""
+    block = sch.get(conv)
+    ivs = block.iter_vars
+    read = _input_read(block, ivs[-(n_red + 3)].var)
+    if read is None:
+        return None
+    ow, col = ivs[-(n_red + 1)].var, read.region[3].min
+    a, b = _index_at(col, ow, 0), _index_at(col, ow, 1)
+    return None if a is None or b is None else b - a
+
+
+def _input_read(block, oc):
+    """The conv's one 4-d input read (not the weight, whose first index is `oc`), or None."""
+    weight = _weight_read(block, oc)
+    inputs = [r for i, r in enumerate(block.reads) if i != weight and len(r.region) == 4]
+    return inputs[0] if weight is not None and len(inputs) == 1 else None
+
+
+def _index_at(expr, var, x, ana=None):
+    """`expr` with `var` = x and every other variable 0, as an int (None: not a constant then)."""
+    import tvm
+    import tvm_ffi
+    from tvm.sym import Analyzer
+
+    value = lambda v: tvm.tirx.const(x if v.same_as(var) else 0, str(v.ty))
+    e = (ana or Analyzer()).simplify(tvm_ffi.structural_map(expr, (tvm.tirx.Var, value)))
+    return int(e) if isinstance(e, tvm.tirx.IntImm) else None
 
 
 def _inline_copy(sch, block_rv) -> bool:
@@ -111,29 +164,24 @@ def _grouping(sch, conv, n_red):
     None for an ordinary conv (every output channel reads every input channel) and for any index
     this does not describe (then the conv is scheduled as before)."""
     import tvm
-    import tvm_ffi
-    from tvm.sym import Analyzer
 
     block = sch.get(conv)
     ivs = block.iter_vars
     oc = ivs[-(n_red + 3)].var
     reds = [iv for iv in ivs if int(iv.iter_type) == 2]
-    weight = _weight_read(block, oc)
-    inputs = [r for i, r in enumerate(block.reads) if i != weight and len(r.region) == 4]
-    if weight is None or len(inputs) != 1:
+    read = _input_read(block, oc)
+    if read is None:
         return None
-    ch = inputs[0].region[1].min
+    ch = read.region[1].min
     if not any(v.same_as(oc) for v in tvm.tirx.analysis.undefined_vars(ch)):
         return None
-    n_oc, ana = int(ivs[-(n_red + 3)].dom.extent), Analyzer()
+    n_oc = int(ivs[-(n_red + 3)].dom.extent)
     rc = reds[0] if len(reds) == 3 or (len(reds) == 1 and n_red == 1) else None
     k = int(rc.dom.extent) if rc is not None else 1
-    def channel(f):
-        value = lambda v: tvm.tirx.const(f if v.same_as(oc) else 0, str(v.ty))
-        e = ana.simplify(tvm_ffi.structural_map(ch, (tvm.tirx.Var, value)))
-        return int(e) if isinstance(e, tvm.tirx.IntImm) else None
+    from tvm.sym import Analyzer
 
-    firsts = [channel(f) for f in range(n_oc)]
+    ana = Analyzer()
+    firsts = [_index_at(ch, oc, f, ana) for f in range(n_oc)]
     if any(c is None for c in firsts):
         return None
     m = next((f for f in range(1, n_oc) if firsts[f] != firsts[0]), n_oc)

@@ -26,6 +26,11 @@ _COMMON = {
     "conv_out_channels": 8,  # conv2d tile: output channels (a broadcast weight each) ...
     "conv_rows": 2,  # ... x output rows ...
     "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
+    # a conv with at most this many reduction steps (in channels x kernel) writes its NCHW rows
+    # from a column tile rather than transposing a channel tile (cpu_conv._prefer_columns). znver4,
+    # interleaved A/B: 16->96 at 112x112 0.44 -> 0.25 ms, 24->144 at 56x56 0.17 -> 0.13; 64->64
+    # at 56x56 within 8%; 256->64 18% slower as columns
+    "conv_column_max_reduction": 32,
     "conv_oc_vectors": 2,  # channel-vector conv tile: vector registers of output channels ...
     # ... and at most this many accumulators in all: LLVM keeps a step's column broadcasts live
     # beside them, so 32 registers do not hold 2 x 14 (znver4: 47 vectors spilled per 3x3 conv,

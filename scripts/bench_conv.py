@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Convolutions one by one: where the conv schedule stands, shape by shape, next to PyTorch.
 
-  ./dev python scripts/bench_conv.py [--set resnet50|grouped] [--only 19,20,21] [--budget 0.3]
+  ./dev python scripts/bench_conv.py [--set resnet50|grouped|pointwise] [--only 19,20,21] [--budget 0.3]
                                      [--json PATH]
 
 --set resnet50 (default): each distinct conv of transformers' ResNet-50 at 224x224 (stride on the
 3x3, strided 1x1 projections). --set grouped: the grouped and depthwise convs of ResNeXt-50
-32x4d, MobileNetV2 and ConvNeXt-T at 224x224. Each is built alone with its bias + relu epilogue
+32x4d, MobileNetV2 and ConvNeXt-T at 224x224. --set pointwise: MobileNetV2's 1x1 convs. Each is built alone with its bias + relu epilogue
 under tvmfuse (the `cpu.Conv2D` rule, the way a model builds it) and timed as the median of 5
 batches of back-to-back calls, interleaved with PyTorch eager's conv2d + bias + relu on the same
 threads. Printed per shape: ms, GFLOP/s, PyTorch's ms, and its count in the model, so
@@ -47,7 +47,16 @@ GROUPED = [
     (96, 96, 56, 7, 1, 3, 96), (192, 192, 28, 7, 1, 3, 192), (384, 384, 14, 7, 1, 9, 384),  # ConvNeXt-T
     (768, 768, 7, 7, 1, 3, 768),
 ]
-SETS = {"resnet50": SHAPES, "grouped": GROUPED}
+# (in, out, input size, kernel, stride, count in MobileNetV2): its 1x1 expansions and projections,
+# whose few input channels (16-64) leave little reduction to hide the tile's store
+POINTWISE = [
+    (32, 16, 112, 1, 1, 1), (16, 96, 112, 1, 1, 1), (96, 24, 56, 1, 1, 1), (24, 144, 56, 1, 1, 2),
+    (144, 24, 56, 1, 1, 1), (144, 32, 28, 1, 1, 1), (32, 192, 28, 1, 1, 3), (192, 32, 28, 1, 1, 2),
+    (192, 64, 14, 1, 1, 1), (64, 384, 14, 1, 1, 4), (384, 64, 14, 1, 1, 3), (384, 96, 14, 1, 1, 1),
+    (96, 576, 14, 1, 1, 3), (576, 96, 14, 1, 1, 2), (576, 160, 7, 1, 1, 1), (160, 960, 7, 1, 1, 3),
+    (960, 160, 7, 1, 1, 2), (960, 320, 7, 1, 1, 1), (320, 1280, 7, 1, 1, 1),
+]
+SETS = {"resnet50": SHAPES, "grouped": GROUPED, "pointwise": POINTWISE}
 
 
 def conv_weights(c, oc, k, groups=1):
