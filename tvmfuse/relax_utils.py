@@ -129,3 +129,38 @@ def rewrite_relax_functions(mod: tvm.IRModule, mutator, changes) -> tvm.IRModule
     if not out:
         return None
     return tvm.IRModule({**dict(mod.functions_items()), **out}, attrs=mod.attrs)
+
+
+@relax.expr_functor.mutator
+class _CallRewrite(relax.PyExprMutator):
+    """Each call of one Relax op, its arguments rewritten first, through `rewrite`."""
+
+    def __init__(self, mod, op_name, rewrite):
+        super().__init__(mod)
+        self.op_name, self.rewrite, self.rewritten = op_name, rewrite, 0
+
+    def visit_call_(self, call):
+        call = self.visit_expr_post_order(call)
+        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == self.op_name):
+            return call
+        new = self.rewrite(call, self.builder_)
+        if new is None:
+            return call
+        self.rewritten += 1
+        return new
+
+
+def rewrite_op_calls(mod: tvm.IRModule, op_name: str, rewrite) -> tvm.IRModule:
+    """Every call of `op_name` (e.g. "relax.nn.conv2d") in every Relax function of `mod` through
+    `rewrite(call, builder)`: the expression that replaces it (bindings it needs emitted with
+    `builder.emit`, PrimFuncs added with `builder.add_func`), or None to keep the call. Returns
+    `mod` itself when nothing changed, else the module with the functions the builder added,
+    normalized."""
+    rw = _CallRewrite(mod, op_name, rewrite)
+    out = rewrite_relax_functions(mod, rw, lambda: rw.rewritten)
+    if out is None:
+        return mod
+    added = {gv: f for gv, f in rw.builder_.get().functions_items() if gv not in out.functions}
+    if added:
+        out = tvm.IRModule({**dict(added), **dict(out.functions_items())}, attrs=out.attrs)
+    return relax.transform.Normalize()(out)

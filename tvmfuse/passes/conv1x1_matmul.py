@@ -35,7 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_utils import rewrite_relax_functions
+from ..relax_utils import rewrite_op_calls
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -91,28 +91,21 @@ def _profitable(ho: int, wo: int, table) -> str | None:
     return None
 
 
-@relax.expr_functor.mutator
-class _Rewrite(relax.PyExprMutator):
-    def __init__(self, mod, table):
-        super().__init__(mod)
-        self.table = table
-        self.rewritten = 0
+def _rewrite(table):
+    """rewrite(call, builder) for relax_utils.rewrite_op_calls: the matmul form, or None."""
 
-    def visit_call_(self, call):
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
-            return call
+    def rewrite(call, builder):
         legal = _legal(call)
         if isinstance(legal, str):
-            return call
+            return None
         n, c, h, w, o, (sh, sw) = legal
         ho, wo = (h - 1) // sh + 1, (w - 1) // sw + 1
-        why = _profitable(ho, wo, self.table)
+        why = _profitable(ho, wo, table)
         if why:
             log.info("conv2d %dx%dx%d -> %d (1x1/%d) stays a conv: %s", c, h, w, o, sh, why)
-            return call
+            return None
         x, wt = call.args
-        emit = self.builder_.emit
+        emit = builder.emit
         if (sh, sw) != (1, 1):
             x = emit(relax.op.strided_slice(x, axes=[2, 3], begin=[0, 0], end=[h, w], strides=[sh, sw]))
         a = emit(relax.op.permute_dims(relax.op.reshape(x, relax.ShapeExpr([n, c, ho * wo])), [0, 2, 1]))
@@ -121,10 +114,11 @@ class _Rewrite(relax.PyExprMutator):
         else:
             w2 = emit(relax.op.permute_dims(relax.op.reshape(wt, (o, c)), [1, 0]))
         m = emit(relax.op.matmul(a, w2))
-        self.rewritten += 1
         log.info("conv2d %dx%dx%d -> %d (1x1/%d) as a matmul: %d pixels x %d channels", c, h, w, o, sh,
                  ho * wo, o)
         return relax.op.reshape(relax.op.permute_dims(m, [0, 2, 1]), relax.ShapeExpr([n, o, ho, wo]))
+
+    return rewrite
 
 
 def conv1x1_as_matmul(table):
@@ -132,8 +126,6 @@ def conv1x1_as_matmul(table):
 
     @tvm.transform.module_pass(opt_level=0, name="tvmfuse.Conv1x1AsMatmul")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        rw = _Rewrite(mod, table)
-        out = rewrite_relax_functions(mod, rw, lambda: rw.rewritten)
-        return mod if out is None else relax.transform.Normalize()(out)
+        return rewrite_op_calls(mod, "relax.nn.conv2d", _rewrite(table))
 
     return _pass

@@ -39,7 +39,7 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, te, tirx
 
-from ..relax_utils import rewrite_relax_functions
+from ..relax_utils import rewrite_op_calls
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -185,43 +185,37 @@ def _mark(func, rule):
                             "tvmfuse.rule": rule})
 
 
-@relax.expr_functor.mutator
-class _Rewrite(relax.PyExprMutator):
-    def __init__(self, mod, table):
-        super().__init__(mod)
-        self.table = table
-        self.rewritten = 0
+def _rewrite(table):
+    """rewrite(call, builder) for relax_utils.rewrite_op_calls: the Winograd form, or None."""
 
-    def visit_call_(self, call):
-        call = self.visit_expr_post_order(call)
-        if not (isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.nn.conv2d"):
-            return call
+    def rewrite(call, builder):
         legal = _legal(call)
         if isinstance(legal, str):
-            return call
+            return None
         c, h, w, o, wv = legal
-        why = _profitable(c, h, w, o, self.table)
+        why = _profitable(c, h, w, o, table)
         if why:
             log.info("conv2d %dx%dx%d -> %d (3x3/1) stays direct: %s", c, h, w, o, why)
-            return call
-        self.rewritten += 1
+            return None
         log.info("conv2d %dx%dx%d -> %d (3x3/1) as Winograd F(2x2, 3x3)", c, h, w, o)
-        return self._winograd(call.args[0], c, h, w, o, wv)
+        return _winograd(builder, call.args[0], c, h, w, o, wv, max(1, int(table["vector_bytes"]) // 4))
 
-    def _winograd(self, x, c, h, w, o, wv):
-        bb, emit = self.builder_, self.builder_.emit
-        lanes = max(1, int(self.table["vector_bytes"]) // 4)
-        th, tw = -(-h // 2), -(-w // 2)
-        fin = bb.add_func(input_transform(c, h, w, lanes), "winograd_input")
-        fout = bb.add_func(output_transform(o, h, w, lanes), "winograd_output")
-        v = emit(relax.call_tir(fin, [x], relax.TensorType((16, th * tw, c), "float32")))
-        m = emit(relax.op.matmul(v, relax.const(transformed_weight(wv))))
-        y = emit(relax.call_tir(fout, [m], relax.TensorType((th, 2, tw, 2, o), "float32")))
-        y = emit(relax.op.reshape(y, relax.ShapeExpr([1, 2 * th, 2 * tw, o])))
-        y = relax.op.permute_dims(y, [0, 3, 1, 2])
-        if (2 * th, 2 * tw) != (h, w):
-            y = relax.op.strided_slice(emit(y), axes=[2, 3], begin=[0, 0], end=[h, w])
-        return y
+    return rewrite
+
+
+def _winograd(bb, x, c, h, w, o, wv, lanes):
+    emit = bb.emit
+    th, tw = -(-h // 2), -(-w // 2)
+    fin = bb.add_func(input_transform(c, h, w, lanes), "winograd_input")
+    fout = bb.add_func(output_transform(o, h, w, lanes), "winograd_output")
+    v = emit(relax.call_tir(fin, [x], relax.TensorType((16, th * tw, c), "float32")))
+    m = emit(relax.op.matmul(v, relax.const(transformed_weight(wv))))
+    y = emit(relax.call_tir(fout, [m], relax.TensorType((th, 2, tw, 2, o), "float32")))
+    y = emit(relax.op.reshape(y, relax.ShapeExpr([1, 2 * th, 2 * tw, o])))
+    y = relax.op.permute_dims(y, [0, 3, 1, 2])
+    if (2 * th, 2 * tw) != (h, w):
+        y = relax.op.strided_slice(emit(y), axes=[2, 3], begin=[0, 0], end=[h, w])
+    return y
 
 
 def winograd_3x3(table):
@@ -231,11 +225,6 @@ def winograd_3x3(table):
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         if not table.get("winograd", 0):
             return mod
-        rw = _Rewrite(mod, table)
-        out = rewrite_relax_functions(mod, rw, lambda: rw.rewritten)
-        if out is None:
-            return mod
-        funcs = {**dict(rw.builder_.get().functions_items()), **dict(out.functions_items())}  # + the transforms
-        return relax.transform.Normalize()(tvm.IRModule(funcs, attrs=out.attrs))
+        return rewrite_op_calls(mod, "relax.nn.conv2d", _rewrite(table))
 
     return _pass
