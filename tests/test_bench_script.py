@@ -52,6 +52,18 @@ def test_bench_runs_a_real_model(tmp_path):
     assert row["skipped"] == {"numpy": "numpy has no form of a real model"}
 
 
+def test_the_torch_compile_backend_is_a_system_of_real_models():
+    """torch.compile[tvmfuse]: the module through torch.compile(backend="tvmfuse"), timed beside
+    Inductor; checked against the reference like every system; the zoo has no torch module."""
+    from tvmfuse import bench
+
+    row = bench.measure_workload("resnet-tiny", "small", ("tvmfuse", bench.BACKEND), rounds=1, budget_s=0.0)
+    assert set(row.ms) == {"tvmfuse", bench.BACKEND} and row.ok[bench.BACKEND]
+    assert row.compile_s[bench.BACKEND] > 0
+    zoo = bench.measure_workload("bias_relu_dropout", "small", ("tvmfuse", bench.BACKEND), rounds=1, budget_s=0.0)
+    assert bench.BACKEND in zoo.skipped and bench.BACKEND not in zoo.ms
+
+
 def test_the_system_after_numpy_waits_for_openblas_to_stop_spinning(monkeypatch):
     """numpy's OpenBLAS workers spin ~0.1 s after a call and slowed the next system by 20%: the
     benchmark sleeps BLAS_SPIN_S after timing numpy, every round, and only then."""

@@ -304,8 +304,9 @@ def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
 
 def model_peer(m, system: str, threads: int):
     """A real model's peer: (zero-argument call, seconds of its first call) or the reason it has
-    none. "torch": eager; "torch.compile": Inductor on the module; "onnxruntime": the module
-    exported to ONNX (the model's own ONNX reference for an ONNX-imported model)."""
+    none. "torch": eager; "torch.compile": Inductor on the module; "torch.compile[tvmfuse]":
+    tvmfuse's dynamo backend on the module; "onnxruntime": the module exported to ONNX (the model's
+    own ONNX reference for an ONNX-imported model)."""
     import time
 
     x = m.inputs()
@@ -324,7 +325,10 @@ def model_peer(m, system: str, threads: int):
         sess = _ort_session(blob, threads)
         feed = {i.name: a for i, a in zip(sess.get_inputs(), x)}
         return (lambda: sess.run(None, feed)[0]), 0.0
-    fn = torch.compile(m.module) if system == "torch.compile" else m.module
+    if system == "torch.compile[tvmfuse]":
+        fn = torch.compile(m.module, backend="tvmfuse")
+    else:
+        fn = torch.compile(m.module) if system == "torch.compile" else m.module
 
     def call():
         with torch.inference_mode():
@@ -333,4 +337,4 @@ def model_peer(m, system: str, threads: int):
 
     t0 = time.perf_counter()
     call()
-    return call, (time.perf_counter() - t0 if system == "torch.compile" else 0.0)
+    return call, (time.perf_counter() - t0 if system.startswith("torch.compile") else 0.0)
