@@ -253,3 +253,27 @@ def test_tiny_models_build_without_eager_fallback(name, caplog):
     assert builds and all(b is not None for b in builds)
     first = lambda o: o if isinstance(o, torch.Tensor) else o[0]
     torch.testing.assert_close(first(out), first(ref), rtol=1e-3, atol=1e-3)
+
+
+class NewGelu(torch.nn.Module):
+    """GPT-2's activation: under dynamic=True dynamo lifts math.pi to an input and traces
+    math.sqrt(2 / pi) as torch._sym_sqrt, and writes the view's shape as torch.Size([1, s, 8])."""
+
+    def forward(self, x):
+        import math
+
+        y = 0.5 * x * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        return y.view(x.size(0), x.size(1), 2, 4).sum(-1)
+
+
+def test_dynamic_sym_sqrt_and_size_build(caplog):
+    torch._dynamo.reset()
+    m = NewGelu()
+    builds = []
+    cm = torch.compile(m, backend=_counting(builds), dynamic=True)
+    with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
+        for s in (5, 9):
+            x = torch.randn(1, s, 8)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
+    assert _no_eager_fallback(caplog), caplog.text
+    assert builds and all(b is not None for b in builds)

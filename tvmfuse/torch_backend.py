@@ -265,23 +265,32 @@ def _gather_nd(importer, x, indices):
     the indices broadcast against each other, negative ones count from the end, and the result is
     their broadcast shape followed by x's remaining dims. As one take from x with its indexed dims
     flattened, at the row-major linear index. (transformers' mask functions index position ids by
-    batch and query/key aranges this way: GPT-2 ran eagerly.)"""
+    batch and query/key aranges this way: GPT-2 ran eagerly.) A tensor whose shape the importer
+    lost (an expand by -1 under dynamic=True) is match_cast to fresh symbolic sizes first."""
     import tvm
     from tvm import relax
 
     bb, k = importer.block_builder, len(indices)
-    if not isinstance(x.ty, relax.TensorType) or x.ty.shape is None or k > x.ty.ndim:
-        raise NotImplementedError(f"advanced indexing of a tensor of rank {x.ty.ndim} by {k} index tensors")
+    if not isinstance(x.ty, relax.TensorType) or x.ty.ndim < 0 or k > x.ty.ndim:
+        raise NotImplementedError(f"advanced indexing of a tensor of rank {x.ty.ndim} (shape {x.ty.shape}) "
+                                  f"by {k} index tensors")
+    if x.ty.shape is None:  # its sizes bound at run time to fresh symbolic vars
+        x = bb.match_cast(x, relax.TensorType([tvm.tirx.Var(f"indexed_dim{d}", "int64") for d in range(x.ty.ndim)],
+                                              x.ty.dtype))
     shape = list(x.ty.shape.values)
+
+    def size(d):  # dim d as an int64 scalar tensor
+        if isinstance(shape[d], tvm.tirx.IntImm):
+            return relax.const(int(shape[d]), "int64")
+        return bb.emit(relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([shape[d]])), ()))
+
     linear = None
     for d, idx in enumerate(indices):
         if not str(idx.ty.dtype).startswith("int"):
             raise NotImplementedError(f"advanced indexing by a {idx.ty.dtype} tensor (a mask)")
-        idx = relax.op.astype(idx, "int64")
-        size = relax.const(int(shape[d]), "int64") if isinstance(shape[d], tvm.tirx.IntImm) else \
-            bb.emit(relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([shape[d]])), ()))
-        idx = bb.emit(relax.op.where(relax.op.less(idx, relax.const(0, "int64")), relax.op.add(idx, size), idx))
-        linear = idx if linear is None else bb.emit(relax.op.add(relax.op.multiply(linear, size), idx))
+        idx, n = relax.op.astype(idx, "int64"), size(d)
+        idx = bb.emit(relax.op.where(relax.op.less(idx, relax.const(0, "int64")), relax.op.add(idx, n), idx))
+        linear = idx if linear is None else bb.emit(relax.op.add(relax.op.multiply(linear, n), idx))
     flat = 1
     for d in shape[:k]:
         flat = flat * d
@@ -354,23 +363,32 @@ def _filled(value, method=False):
 
 def _diff(node, importer):
     """torch.diff(x, n=1, dim=-1, prepend=, append=): x[1:] - x[:-1] along dim, after concatenating
-    prepend and append (GPT-2 finds where position ids restart this way). n > 1 runs eagerly."""
+    prepend and append (GPT-2 finds where position ids restart this way). n > 1 runs eagerly.
+    With one prepended element (GPT-2's form) it is x - concat(p, x[:-1]): no slice of a tensor
+    whose length is an expression (s + 1), which a dynamic build's kernels could not bind."""
+    import tvm
     from tvm import relax
 
     if _arg(node, 1, "n", 1) != 1:
         raise NotImplementedError("torch.diff with n > 1")
     bb = importer.block_builder
     x = importer.env[node.args[0]]
-    dim = _arg(node, 2, "dim", -1)
-    dim = dim % x.ty.ndim
-    parts = [importer.env[p] for p in (_arg(node, 3, "prepend"), ) if p is not None] + [x] + \
-        [importer.env[a] for a in (_arg(node, 4, "append"), ) if a is not None]
+    dim = _arg(node, 2, "dim", -1) % x.ty.ndim
+    prepend, append = (_arg(node, i, k) for i, k in ((3, "prepend"), (4, "append")))
+    prepend, append = (importer.env[a] if a is not None else None for a in (prepend, append))
+
+    def cut(t, begin, end):  # in bounds by construction: assume_inbound keeps a symbolic length
+        return bb.emit(relax.op.strided_slice(t, axes=[dim], begin=[begin], end=[end], assume_inbound=True))
+
+    n = x.ty.shape.values[dim]
+    if prepend is not None and append is None and prepend.ty.shape is not None and \
+            isinstance(prepend.ty.shape.values[dim], tvm.tirx.IntImm) and int(prepend.ty.shape.values[dim]) == 1:
+        return bb.emit(relax.op.subtract(x, bb.emit(relax.op.concat([prepend, cut(x, 0, n - 1)], axis=dim))))
+    parts = [t for t in (prepend, x, append) if t is not None]
     if len(parts) > 1:
         x = bb.emit(relax.op.concat(parts, axis=dim))
-    n = x.ty.shape.values[dim]
-    hi = bb.emit(relax.op.strided_slice(x, axes=[dim], begin=[1], end=[n]))
-    lo = bb.emit(relax.op.strided_slice(x, axes=[dim], begin=[0], end=[n - 1]))
-    return bb.emit(relax.op.subtract(hi, lo))
+        n = x.ty.shape.values[dim]
+    return bb.emit(relax.op.subtract(cut(x, 1, n), cut(x, 0, n - 1)))
 
 
 def _where(node, importer):
@@ -418,10 +436,33 @@ def _cumsum(node, importer=None):
     return importer.block_builder.emit(relax.op.cumsum(x, axis=dim))
 
 
+def _size_list(node, importer):
+    """torch.Size([1, s, 768]) as dynamo writes a view's shape under dynamic=True: the list of its
+    sizes (ints and the TIR expressions of size nodes), which the importer's view reads."""
+    from torch import fx
+
+    dims = node.args[0] if node.args else []
+    return [importer.env[d] if isinstance(d, fx.Node) else d for d in dims]
+
+
+def _sym_sqrt(node, importer):
+    """math.sqrt of a number dynamo traced symbolically (GPT-2's GELU: sqrt(2 / pi), with pi lifted
+    to an input that the backend bakes back in): the number's square root, or relax sqrt of a
+    scalar tensor."""
+    import math
+
+    from tvm import relax
+
+    x = importer.env[node.args[0]] if not isinstance(node.args[0], (int, float)) else node.args[0]
+    if isinstance(x, (int, float)):
+        return math.sqrt(x)
+    return importer.block_builder.emit(relax.op.sqrt(x))
+
+
 _CONVERTERS = {"embedding": _embedding, "tvmfuse_size": _size, "getitem": _getitem, "gather": _gather,
                "batch_norm": _batch_norm,
                "zeros": _filled(0), "ones": _filled(1), "new_ones": _filled(1, method=True),
-               "cumsum": _cumsum, "hardtanh": _hardtanh, "diff": _diff, "where": _where}
+               "cumsum": _cumsum, "hardtanh": _hardtanh, "Size": _size_list, "_sym_sqrt": _sym_sqrt, "diff": _diff, "where": _where}
 
 
 def _size_sources(gm, drop) -> dict:
