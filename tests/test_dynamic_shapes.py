@@ -325,3 +325,24 @@ def test_attention_over_a_compound_symbolic_dim_is_one_kernel_and_matches():
         s = q @ kk.transpose(0, 1, 3, 2) * 0.25
         e = np.exp(s - s.max(-1, keepdims=True))
         np.testing.assert_allclose(c(q, k, v, pk, pv), e / e.sum(-1, keepdims=True) @ vv, rtol=1e-4, atol=1e-5)
+
+
+def test_a_group_that_computes_with_a_size_takes_it_as_a_parameter():
+    """A fused kernel whose values (not shapes) use a symbolic size, as shape_to_tensor does: the
+    size becomes a scalar parameter of the kernel (FuseGroupsTE._compute_vars). Without it the
+    kernel used an undefined variable and the build failed (GPT-2 under torch.compile(dynamic=True))."""
+    from tvm import tirx
+
+    n = tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType([n], "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            size = relax.op.reshape(relax.op.shape_to_tensor(relax.ShapeExpr([n])), ())
+            # no tensor of the group has the bare n in its shape: only the computed value uses it
+            out = bb.emit_output(relax.op.add(relax.const(np.ones(3, "float32")), relax.op.astype(size, "float32")))
+        bb.emit_func_output(out)
+    c = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    assert c.launches == 1
+    for m in (3, 7):
+        np.testing.assert_allclose(c(np.ones(m, "float32")), np.full(3, m + 1.0))

@@ -277,3 +277,22 @@ def test_dynamic_sym_sqrt_and_size_build(caplog):
             torch.testing.assert_close(cm(x), m(x), rtol=1e-5, atol=1e-5)
     assert _no_eager_fallback(caplog), caplog.text
     assert builds and all(b is not None for b in builds)
+
+
+def test_gpt2_dynamic_compiles_once_and_matches_eager(caplog):
+    """transformers' GPT-2 under dynamic=True: one symbolic build for every length (its mask code's
+    diff, advanced indexing and size-valued tensors, its GELU's sqrt of a lifted float)."""
+    pytest.importorskip("transformers")
+    from tvmfuse import models
+
+    torch._dynamo.reset()
+    w = models.get("gpt2-tiny", "small")
+    builds = []
+    cm = torch.compile(w.module, backend=_counting(builds), dynamic=True)
+    first = lambda o: o if isinstance(o, torch.Tensor) else o[0]
+    with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
+        for s in (5, 11):
+            x = torch.randint(0, 100, (1, s))
+            torch.testing.assert_close(first(cm(x)), first(w.module(x)), rtol=1e-3, atol=1e-3)
+    assert _no_eager_fallback(caplog), caplog.text
+    assert len(builds) == 1 and builds[0] is not None

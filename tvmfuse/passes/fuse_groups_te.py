@@ -66,19 +66,48 @@ def _lower_group(g, members):
 
 
 def _unbound_vars(tensors) -> list:
-    """Symbolic vars the group's shapes use that no buffer binds (no dim is the bare var: only
-    `2 * n` after a concat, say). The PrimFunc takes them as scalar parameters and the call passes
-    them (after its tensor arguments), as TVM's legalization does; without them the kernel cannot be
-    compiled ("variables (n,) are used, but are not passed in as API arguments": found by fuzzing)."""
+    """Symbolic vars the group's shapes or computations use that no buffer binds (no dim is the
+    bare var: only `2 * n` after a concat, say, or a value computed from a size, as shape_to_tensor
+    does). The PrimFunc takes them as scalar parameters and the call passes them (after its tensor
+    arguments), as TVM's legalization does; without them the kernel cannot be compiled ("variables
+    (n,) are used, but are not passed in as API arguments": found by fuzzing; "Invalid use of
+    undefined variable": GPT-2 under torch.compile(dynamic=True))."""
     bare, used = [], []
+
+    def use(v):
+        if not any(v.same_as(u) for u in used):
+            used.append(v)
+
     for t in tensors:
         for d in t.shape:
             if isinstance(d, tvm.tirx.Var) and not any(d.same_as(b) for b in bare):
                 bare.append(d)
             for v in tvm.tirx.analysis.undefined_vars(d):
-                if not any(v.same_as(u) for u in used):
-                    used.append(v)
+                use(v)
+    for v in _compute_vars(tensors):
+        use(v)
     return [v for v in used if not any(v.same_as(b) for b in bare)]
+
+
+def _compute_vars(tensors) -> list:
+    """The free vars of the TE computations behind `tensors`, beyond their own loop variables."""
+    out, seen, stack = [], [], [t.op for t in tensors]
+    while stack:
+        op = stack.pop()
+        if any(op.same_as(o) for o in seen):
+            continue
+        seen.append(op)
+        if not isinstance(op, te.ComputeOp):
+            continue
+        loops = [iv.var for iv in list(op.axis) + list(op.reduce_axis)]
+        for e in op.body:
+            if isinstance(e, tvm.tirx.Reduce):  # its combiner's own x and y
+                loops = loops + list(e.combiner.lhs) + list(e.combiner.rhs)
+            for v in tvm.tirx.analysis.undefined_vars(e):
+                if "int" in str(v.ty) and not any(v.same_as(x) for x in loops + out):  # sizes are integers
+                    out.append(v)
+        stack += [t.op for t in op.input_tensors]
+    return out
 
 
 def _topo_units(g, units):
