@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""BERT with a symbolic sequence, built once, against static builds and torch.compile(dynamic=True)
+"""BERT or GPT-2 with a symbolic sequence, built once, against static builds and torch.compile(dynamic=True)
 (see tvmfuse/bench_dynamic.py; the same as `scripts/bench.py --dynamic`)."""
 from __future__ import annotations
 

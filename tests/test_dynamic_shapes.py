@@ -346,3 +346,22 @@ def test_a_group_that_computes_with_a_size_takes_it_as_a_parameter():
     assert c.launches == 1
     for m in (3, 7):
         np.testing.assert_allclose(c(np.ones(m, "float32")), np.full(3, m + 1.0))
+
+
+def test_gpt2_exported_with_a_symbolic_sequence_builds_and_matches():
+    """GPT-2's mask code slices on axis -1 with a symbolic bound; TVM's legalizer handed the negative
+    axis to topi's dynamic slice, which rejected it (frontends.common._nonnegative_slice_axes)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from torch.export import Dim
+
+    from tvmfuse import models
+
+    m = models._gpt2_module()
+    mod = tvmfuse.from_torch(m, (torch.randint(0, 100, (1, 16)),),
+                             dynamic_shapes={"input_ids": {1: Dim("seq", min=2, max=256)}})
+    c = tvmfuse.build(mod, "llvm", "tvmfuse")
+    for s in (5, 40):
+        x = torch.randint(0, 100, (1, s))
+        with torch.no_grad():
+            np.testing.assert_allclose(c(x.numpy()), m(x).numpy(), rtol=1e-4, atol=1e-4)

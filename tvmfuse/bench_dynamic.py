@@ -1,9 +1,10 @@
-"""BERT with a symbolic sequence, built once, against the static build at each length and
+"""BERT or GPT-2 with a symbolic sequence, built once, against the static build at each length and
 torch.compile(dynamic=True); one run, same threads (also `scripts/bench.py --dynamic`).
 
   ./dev python scripts/bench.py --dynamic [--workloads bert-base|bert-tiny] [--rounds 5]
         [--json PATH] [--markdown PATH]
-  ./dev python scripts/bench_dynamic.py [--model bert-base|bert-tiny] [--seqs 16,64,128,384] ...
+  ./dev python scripts/bench_dynamic.py [--model bert-base|bert-tiny|gpt2-small|gpt2-tiny]
+        [--seqs 16,64,128,384] ...
 
 Systems, at each sequence length (batch 1, random ids, the configs' random weights):
   tvmfuse dynamic     ONE tvmfuse build of the model imported with Dim("seq", 2, max positions)
@@ -33,6 +34,13 @@ def _module(name):
 
     if name == "bert-tiny":
         return models._bert_module(), 256
+    if name == "gpt2-tiny":
+        return models._gpt2_module(), 256
+    if name == "gpt2-small":  # with its LM head, as in the models benchmark
+        from transformers import GPT2Config
+
+        cfg = GPT2Config(use_cache=False, attn_implementation="eager")
+        return models._gpt2_module(cfg), cfg.n_positions
     from transformers import BertConfig
 
     cfg = BertConfig(attn_implementation="eager")
@@ -41,7 +49,7 @@ def _module(name):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="bert-base", choices=("bert-base", "bert-tiny"))
+    ap.add_argument("--model", default="bert-base", choices=("bert-base", "bert-tiny", "gpt2-small", "gpt2-tiny"))
     ap.add_argument("--seqs", default="16,64,128,384")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--buckets", default="",

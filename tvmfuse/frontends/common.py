@@ -23,10 +23,30 @@ from ..errors import FrontendError
 from ..relax_utils import static_shape
 
 
+def _nonnegative_slice_axes(call, _builder):
+    """strided_slice with a negative axis as the same slice with axis + ndim: TVM 0.27's legalizer
+    passes a negative axis to topi's dynamic strided slice, which rejects it ("axis < src_tensor_dim
+    (-1 vs. 2)": GPT-2's position-id diff, exported with a symbolic sequence)."""
+    x, axes = call.args[0], call.args[1]
+    ndim = x.ty.ndim if isinstance(x.ty, relax.TensorType) else -1
+    try:
+        values = [int(getattr(a, "value", a)) for a in axes]
+    except (TypeError, ValueError):
+        return None
+    if ndim < 0 or all(v >= 0 for v in values):
+        return None
+    rest = dict(zip(("begin", "end", "strides"), call.args[2:]))
+    return relax.op.strided_slice(x, axes=[v % ndim for v in values], assume_inbound=bool(call.attrs.assume_inbound),
+                                  **rest)
+
+
 def normalize(mod: tvm.IRModule, fold_constants: bool = True, ranges: dict | None = None) -> tvm.IRModule:
     """`ranges` ({symbolic var name: (min, max)}, from torch.export's Dims) tighten symbolic shapes
     (tighten_shapes.py) once the bindings are canonical."""
+    from ..relax_utils import rewrite_op_calls
+
     T = relax.transform
+    mod = rewrite_op_calls(mod, "relax.strided_slice", _nonnegative_slice_axes)
     with tvm.transform.PassContext(opt_level=3):
         mod = tvm.transform.Sequential([T.DecomposeOpsForInference(), T.CanonicalizeBindings()])(mod)
         if ranges:
