@@ -4,6 +4,7 @@ import logging
 
 import pytest
 import torch
+import tvm
 
 from tvmfuse import torch_backend
 
@@ -296,3 +297,7 @@ def test_gpt2_dynamic_compiles_once_and_matches_eager(caplog):
             torch.testing.assert_close(first(cm(x)), first(w.module(x)), rtol=1e-3, atol=1e-3)
     assert _no_eager_fallback(caplog), caplog.text
     assert len(builds) == 1 and builds[0] is not None
+    # one flash-attention kernel per layer (an identity cast of the probabilities hid it)
+    rules = [str(f.attrs.get("tvmfuse.rule")) for _gv, f in builds[0].mod.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs]
+    assert rules.count("cpu.Attention") == w.module.gpt2.config.n_layer, rules
