@@ -41,7 +41,9 @@ def add_arguments(ap):
     ap.add_argument("--target", default="llvm", choices=("llvm", "cuda"),
                     help="llvm: this CPU; cuda: tvm.cuda(0) (needs a GPU)")
     ap.add_argument("--arch", default="sm_90", help="CUDA architecture to compile for (with --target cuda)")
-    ap.add_argument("--systems", default=",".join(bench.SYSTEMS), help="comma-separated systems")
+    ap.add_argument("--systems", default=None,
+                    help=f"comma-separated systems (default: {','.join(bench.SYSTEMS)}; "
+                         f"{bench.BACKEND} only when a real model is among the workloads)")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
     ap.add_argument("--logs", metavar="DIR", help="tuning logs: adds the tvm+tuned and tvmfuse+tuned systems")
@@ -81,7 +83,8 @@ def run(args):
             return NO_GPU_EXIT
     if args.quick:
         args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
-    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    default = args.systems is None
+    systems = list(bench.SYSTEMS) if default else [s.strip() for s in args.systems.split(",") if s.strip()]
     if args.logs:
         systems += [s for s in bench.TUNED if s not in systems]
     bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
@@ -102,6 +105,8 @@ def run(args):
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    if default and not any(n in models.names() for n in names):  # the zoo has no torch module to compile
+        systems.remove(bench.BACKEND)
     t0 = time.time()
     rows = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
