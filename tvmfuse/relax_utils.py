@@ -164,3 +164,22 @@ def rewrite_op_calls(mod: tvm.IRModule, op_name: str, rewrite) -> tvm.IRModule:
     if added:
         out = tvm.IRModule({**dict(added), **dict(out.functions_items())}, attrs=out.attrs)
     return relax.transform.Normalize()(out)
+
+
+def static_ints(values) -> list[int] | None:
+    """The ints of a sequence of dims or attribute values; None when any is symbolic."""
+    try:
+        return [int(d) for d in values]
+    except (TypeError, AttributeError):
+        return None
+
+
+def dense_nchw_conv_reason(call) -> str | None:
+    """Why a conv2d call is not a dense (groups 1) NCHW / OIHW conv, or None when it is: the form
+    the conv rewrites (Conv1x1AsMatmul, Winograd3x3) take."""
+    a = call.attrs
+    if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
+        return f"layout {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not NCHW/OIHW/NCHW"
+    if int(a.groups) != 1:
+        return f"groups={int(a.groups)}"
+    return None

@@ -35,25 +35,17 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_utils import rewrite_op_calls
+from ..relax_utils import dense_nchw_conv_reason, rewrite_op_calls, static_ints
 
 log = logging.getLogger("tvmfuse.fusion")
-
-
-def _ints(shape):
-    try:
-        return [int(d) for d in shape.values]
-    except (TypeError, AttributeError):
-        return None
 
 
 def _legal(call):
     """(N expr, C, H, W, O, stride) when `call` is a 1x1 conv this pass can rewrite, else a reason."""
     a = call.attrs
-    if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
-        return f"layout {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not NCHW/OIHW/NCHW"
-    if int(a.groups) != 1:
-        return f"groups={int(a.groups)}"
+    why = dense_nchw_conv_reason(call)
+    if why:
+        return why
     if any(int(p) != 0 for p in a.padding):
         return f"padding {[int(p) for p in a.padding]}"
     x, w = call.args
@@ -61,9 +53,9 @@ def _legal(call):
         return "operand without a tensor type"
     if x.ty.ndim != 4 or w.ty.ndim != 4 or x.ty.shape is None or w.ty.shape is None:
         return "operand of unknown rank or shape"
-    ws = _ints(w.ty.shape)
+    ws = static_ints(w.ty.shape.values)
     xs = list(x.ty.shape.values)
-    chw = _ints(relax.ShapeExpr(xs[1:]))
+    chw = static_ints(xs[1:])
     if ws is None or chw is None:
         return "a symbolic channel count or map size"
     if ws[2:] != [1, 1]:

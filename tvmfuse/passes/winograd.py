@@ -39,7 +39,7 @@ import numpy as np
 import tvm
 from tvm import relax, s_tir, te, tirx
 
-from ..relax_utils import rewrite_op_calls
+from ..relax_utils import dense_nchw_conv_reason, rewrite_op_calls, static_ints
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -50,24 +50,16 @@ _AT = ((1, 1, 1, 0), (0, 1, -1, -1))
 OPAQUE = 8  # op_pattern kOpaque: FuseOps leaves the transforms alone
 
 
-def _ints(values):
-    try:
-        return [int(d) for d in values]
-    except (TypeError, AttributeError):
-        return None
-
-
 def _legal(call):
     """(C, H, W, O, weight array) when `call` is a conv this pass can rewrite, else a reason."""
     a = call.attrs
-    if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCHW", "OIHW", "NCHW"):
-        return f"layout {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not NCHW/OIHW/NCHW"
-    if int(a.groups) != 1:
-        return f"groups={int(a.groups)}"
-    if _ints(a.strides) != [1, 1] or _ints(a.dilation) != [1, 1]:
-        return f"strides {_ints(a.strides)}, dilation {_ints(a.dilation)}"
-    if _ints(a.padding) != [1, 1, 1, 1]:
-        return f"padding {_ints(a.padding)}"
+    why = dense_nchw_conv_reason(call)
+    if why:
+        return why
+    if static_ints(a.strides) != [1, 1] or static_ints(a.dilation) != [1, 1]:
+        return f"strides {static_ints(a.strides)}, dilation {static_ints(a.dilation)}"
+    if static_ints(a.padding) != [1, 1, 1, 1]:
+        return f"padding {static_ints(a.padding)}"
     x, w = call.args
     if not isinstance(w, tvm.ir.expr.Constant):
         return "a weight that is not a constant"
@@ -76,7 +68,7 @@ def _legal(call):
     wv = w.value.numpy()
     if wv.ndim != 4 or wv.shape[2:] != (3, 3):
         return f"a weight of shape {wv.shape}"
-    dims = _ints(x.ty.shape.values)
+    dims = static_ints(x.ty.shape.values)
     if dims is None:
         return "a symbolic dim"
     if dims[0] != 1:
