@@ -31,3 +31,35 @@ def assert_matches(out, ref, rtol, atol):
 @pytest.fixture
 def build_cached():
     return built
+
+
+def conv_module(x_shape, wv, bv, stride=1, padding=None, groups=1, dilation=1, const_weight=True, clip=None):
+    """main(x) = relu(conv2d(x, W) + b), W the constant `wv` (or a second input `w` when
+    const_weight is False), padding k // 2 unless given; `clip` = (lo, hi) for a clip instead of
+    relu (ReLU6). The conv + bias + activation the conv schedule and conv rewrite tests build."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(tuple(x_shape), "float32"))
+    params = [x]
+    if const_weight:
+        weight = relax.const(wv)
+    else:
+        weight = relax.Var("w", relax.TensorType(wv.shape, "float32"))
+        params.append(weight)
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=stride, groups=groups, dilation=dilation,
+                                           padding=wv.shape[-1] // 2 if padding is None else padding))
+            y = relax.op.add(y, relax.const(bv))
+            out = bb.emit_output(relax.op.nn.relu(y) if clip is None else relax.op.clip(y, *clip))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def kernel_rules(compiled) -> dict:
+    """{kernel name: its tvmfuse.rule} of a build."""
+    import tvm
+
+    return {gv.name_hint: str(f.attrs["tvmfuse.rule"]) for gv, f in compiled.mod.functions_items()
+            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.rule" in f.attrs}

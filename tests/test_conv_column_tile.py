@@ -7,9 +7,9 @@ import re
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 
 import tvmfuse
+from conftest import conv_module
 
 torch = pytest.importorskip("torch")
 
@@ -18,14 +18,7 @@ HASWELL = {"kind": "llvm", "mcpu": "haswell", "num-cores": 2}  # AVX2: 8 lanes
 
 
 def _module(c, o, hw, k, stride, wv, bv):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "float32"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, relax.const(wv), strides=stride, padding=k // 2))
-            out = bb.emit_output(relax.op.clip(relax.op.add(y, relax.const(bv)), 0.0, 6.0))
-        bb.emit_func_output(out)
-    return bb.get()
+    return conv_module((1, c, hw, hw), wv, bv, stride=stride, clip=(0.0, 6.0))
 
 
 def _build(c, o, hw, k, stride, target):

@@ -5,35 +5,18 @@ import re
 
 import numpy as np
 import pytest
-import tvm
-from tvm import relax
 
 import tvmfuse
+from conftest import conv_module, kernel_rules
 
 torch = pytest.importorskip("torch")
 
 
 def _module(c, o, hw, k, stride, groups, const_weight, wv, bv):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((1, c, hw, hw), "float32"))
-    params = [x]
-    if const_weight:
-        w = relax.const(wv)
-    else:
-        w = relax.Var("w", relax.TensorType(wv.shape, "float32"))
-        params.append(w)
-    with bb.function("main", params):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=k // 2, groups=groups))
-            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, relax.const(bv))))
-        bb.emit_func_output(out)
-    return bb.get()
+    return conv_module((1, c, hw, hw), wv, bv, stride=stride, groups=groups, const_weight=const_weight)
 
 
-def _rules(c):
-    return {gv.name_hint: str(f.attrs["tvmfuse.rule"]) for gv, f in c.mod.functions_items()
-            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.rule" in f.attrs}
-
+_rules = kernel_rules
 
 CASES = [  # (in, out, map, kernel, stride, groups)
     (32, 32, 13, 3, 1, 32),  # depthwise, a ragged map

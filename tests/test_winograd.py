@@ -2,10 +2,9 @@
 makes and the rules that take them, every fusion variant, and the convs it must leave alone."""
 import numpy as np
 import pytest
-import tvm
-from tvm import relax
 
 import tvmfuse
+from conftest import conv_module, kernel_rules
 from tvmfuse.passes.winograd import transformed_weight
 
 torch = pytest.importorskip("torch")
@@ -14,27 +13,12 @@ WINOGRAD_RULES = {"winograd.InputTransform", "winograd.OutputTransform"}
 
 
 def _module(c, o, h, w, wv, bv, stride=1, padding=1, groups=1, dilation=1, batch=1, const_weight=True):
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((batch, c, h, w), "float32"))
-    params = [x]
-    if const_weight:
-        weight = relax.const(wv)
-    else:
-        weight = relax.Var("w", relax.TensorType(wv.shape, "float32"))
-        params.append(weight)
-    with bb.function("main", params):
-        with bb.dataflow():
-            y = bb.emit(relax.op.nn.conv2d(x, weight, strides=stride, padding=padding, groups=groups,
-                                           dilation=dilation))
-            out = bb.emit_output(relax.op.nn.relu(relax.op.add(y, relax.const(bv))))
-        bb.emit_func_output(out)
-    return bb.get()
+    return conv_module((batch, c, h, w), wv, bv, stride=stride, padding=padding, groups=groups, dilation=dilation,
+                       const_weight=const_weight)
 
 
 def _rules(c):
-    return {str(f.attrs["tvmfuse.rule"]) for _gv, f in c.mod.functions_items()
-            if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.rule" in f.attrs}
-
+    return set(kernel_rules(c).values())
 
 def _reference(xv, wv, bv, **kw):
     y = torch.nn.functional.conv2d(torch.from_numpy(xv).double(), torch.from_numpy(wv).double(), **kw)
