@@ -53,6 +53,28 @@ def test_head_dim_64_and_vit_tokens():
     np.testing.assert_allclose(c(*ins), w.reference(*ins), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("seq, expected", [
+    (197, (1, 40)),  # ViT: 224 rows in 32-row blocks instead of 256; 200 keys instead of 224
+    (77, (1, 40)), (300, (2, 32)), (192, (2, 32)),
+    (128, (4, 32)), (2048, (4, 32)), (1000, (4, 32)),  # must not move: no block pads less
+])
+def test_ragged_sequences_take_the_blocks_that_pad_least(seq, expected):
+    from schedules.cpu_attention import least_padding
+
+    assert least_padding(seq, 32, 4, seq, 8, 32) == expected
+    assert least_padding("sym0", 32, 4, "sym1", 8, 32) == (4, 32)  # symbolic: the table's
+
+
+@pytest.mark.parametrize("seq", [77, 197, 300])
+@pytest.mark.parametrize("mask", [None, "causal"])
+def test_the_blocks_chosen_for_ragged_sequences_are_right(seq, mask):
+    w = workloads.attention_workload(1, seq, 12, 64, mask)  # 12 heads: every core busy at the table's blocks
+    c = tvmfuse.build(w.mod, "llvm", "tvmfuse")
+    assert c.launches == 1 and _rules(c) == {"fused_attention": "cpu.Attention"}
+    ins = w.inputs()
+    np.testing.assert_allclose(c(*ins), w.reference(*ins), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("mask", [None, "additive", "causal"])
 def test_bytes_moved_are_the_minimal_bytes(mask):
     w = workloads.attention_workload(1, 64, 4, 16, mask)

@@ -20,6 +20,8 @@ Full-size models, the configs' defaults (random weights, eager attention, batch 
                   convs, ReLU6, TF "same" padding
   convnext-tiny   transformers ConvNextForImageClassification(ConvNextConfig()): depthwise 7x7 convs,
                   LayerNorm and the MLP channels-last, layer scale, GELU
+  vit-base        transformers ViTForImageClassification(ViTConfig()): 16x16 patches, hidden 768, 12
+                  layers, 12 heads; 197 tokens at 224x224 (a ragged extent for every tile)
 
 Sizes: "small" (tests: sequence 16, image 16x16; the full-size models image 64x64) and "bench"
 (sequence 128, image 64x64; the full-size models 224x224).
@@ -127,12 +129,13 @@ def _resnet_module():
     return net.eval()
 
 
-def _image_classifier(kind):
-    """A transformers image classifier with its default config (1000 classes), logits out."""
+def _image_classifier(kind, **config):
+    """A transformers image classifier with its default config (1000 classes) updated by `config`,
+    logits out."""
     torch = _torch()
     import transformers
 
-    config = getattr(transformers, f"{kind}Config")(num_labels=1000)
+    config = getattr(transformers, f"{kind}Config")(num_labels=1000, **config)
     model = getattr(transformers, f"{kind}ForImageClassification")
 
     class Classifier(torch.nn.Module):
@@ -220,6 +223,12 @@ def convnext_tiny(size="bench"):
                         atol=1e-3)
 
 
+def vit_base(size="bench"):
+    n = FULL_IMAGE[size]  # the patch grid follows the image: 14 x 14 patches + [CLS] = 197 tokens at 224
+    module = _image_classifier("ViT", image_size=n, attn_implementation="eager")
+    return _torch_model("vit-base", module, [_image(size)], size, rtol=1e-3, atol=1e-3)
+
+
 def export_onnx(module, arrays, names) -> bytes:
     """torch.onnx.export with the TorchScript exporter (dynamo=False: no onnxscript needed)."""
     import warnings
@@ -259,9 +268,9 @@ def bert_tiny_onnx(size="small"):
 
 MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "resnet-tiny": resnet_tiny,
           "bert-tiny-onnx": bert_tiny_onnx, "bert-base": bert_base, "gpt2-small": gpt2_small,
-          "resnet50": resnet50, "mobilenet-v2": mobilenet_v2, "convnext-tiny": convnext_tiny}
-FULL_SIZE = ("bert-base", "gpt2-small", "resnet50", "mobilenet-v2", "convnext-tiny")
-ATTENTION_LAYERS = {"bert-base": 12, "gpt2-small": 12}  # one fused attention kernel per layer
+          "resnet50": resnet50, "mobilenet-v2": mobilenet_v2, "convnext-tiny": convnext_tiny, "vit-base": vit_base}
+FULL_SIZE = ("bert-base", "gpt2-small", "resnet50", "mobilenet-v2", "convnext-tiny", "vit-base")
+ATTENTION_LAYERS = {"bert-base": 12, "gpt2-small": 12, "vit-base": 12}  # one fused attention kernel per layer
 
 
 def names() -> list[str]:
