@@ -163,6 +163,9 @@ def index(spec: Spec, role: str, bh: str, row: str, col: str) -> str:
     """`name[...]` of element (row, col) of head bh of Q/K/V/out. For K, (row, col) = (key, d)
     whatever its layout."""
     name, shape = spec.name(role), spec.raw["out_shape" if role == "out" else f"{role}_shape"]
+    rep = spec.raw.get("repeat", {}).get(role, 1)
+    if rep > 1:  # grouped-query: R query heads per K/V head (H = G * R, so bh // R = b * G + h // R)
+        bh = f"({bh}) // {rep}"
     h = spec.raw["heads"].get(role)
     if h is not None:  # [B, S, H*D]
         d = shape[2] // h

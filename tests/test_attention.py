@@ -88,7 +88,7 @@ def test_bytes_moved_are_the_minimal_bytes(mask):
     assert unfused > nbytes + 2 * 4 * 64 * 64 * 4  # the [4, 64, 64] scores written and read back
 
 
-@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny", "bert-tiny-onnx"])
+@pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny", "bert-tiny-onnx", "llama-tiny"])
 def test_real_models_get_one_attention_kernel_per_layer(name):
     m = tvmfuse.load(name)
     c = tvmfuse.build(m.mod, "llvm", "tvmfuse")
@@ -227,6 +227,57 @@ def test_a_fully_masked_row_and_an_infinite_fill():
         c = tvmfuse.build(graph(kind), "llvm", "tvmfuse")
         assert _rules(c) == {"fused_attention": "cpu.Attention"}, kind
         np.testing.assert_allclose(c(*args), ref, rtol=1e-4, atol=1e-5, err_msg=kind)
+
+
+def _grouped_query(b, h, g, s, dh, spelling="repeat_kv"):
+    """Attention with h query heads on g key/value heads, K and V repeated as transformers'
+    repeat_kv does (expand_dims, broadcast_to, reshape); `spelling` "tile": the kv heads repeated
+    the other way round (g-major), which is not what repeat_kv means and must not fuse."""
+    rep = h // g
+    bb = relax.BlockBuilder()
+    q = relax.Var("q", relax.TensorType((b, h, s, dh), "float32"))
+    k, v = (relax.Var(n, relax.TensorType((b, g, s, dh), "float32")) for n in "kv")
+
+    def repeated(x):
+        if spelling == "tile":  # [b, rep, g, s, dh]: head i reads kv head i % g
+            e = bb.emit(R.broadcast_to(bb.emit(R.expand_dims(x, 1)), (b, rep, g, s, dh)))
+        else:
+            e = bb.emit(R.broadcast_to(bb.emit(R.expand_dims(x, 2)), (b, g, rep, s, dh)))
+        return bb.emit(R.reshape(e, (b, h, s, dh)))
+
+    with bb.function("main", [q, k, v]):
+        with bb.dataflow():
+            sc = bb.emit(R.matmul(q, bb.emit(R.permute_dims(repeated(k), [0, 1, 3, 2]))))
+            sc = bb.emit(R.multiply(sc, relax.const(dh ** -0.5, "float32")))
+            o = bb.emit_output(bb.emit(R.matmul(bb.emit(R.nn.softmax(sc, axis=-1)), repeated(v))))
+        bb.emit_func_output(o)
+    return bb.get()
+
+
+@pytest.mark.parametrize("h, g, s", [(4, 2, 16), (9, 3, 37), (6, 1, 7)])
+def test_grouped_query_attention_is_one_kernel_reading_kv_unrepeated(h, g, s):
+    b, dh = 1, 16
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((b, h, s, dh)).astype("float32")
+    k, v = (rng.standard_normal((b, g, s, dh)).astype("float32") for _ in range(2))
+    kr, vr = (np.repeat(x, h // g, axis=1) for x in (k, v))  # head i reads kv head i // (h / g)
+    sc = q @ kr.transpose(0, 1, 3, 2) * dh ** -0.5
+    e = np.exp(sc - sc.max(-1, keepdims=True))
+    ref = (e / e.sum(-1, keepdims=True)) @ vr
+    c = tvmfuse.build(_grouped_query(b, h, g, s, dh), "llvm", "tvmfuse")
+    assert c.launches == 1 and _rules(c) == {"fused_attention": "cpu.Attention"}
+    np.testing.assert_allclose(c(q, k, v), ref, rtol=1e-4, atol=1e-5)
+    nbytes, _reads, writes = bytes_moved(c.mod)
+    assert nbytes == 4 * (2 * b * h * s * dh + 2 * b * g * s * dh) and writes == 1  # K, V never repeated
+    cu = tvmfuse.build(_grouped_query(b, h, g, s, dh), "cuda", "tvmfuse")
+    assert cu.launches == 1 and cu.kernels_per_func() == {"fused_attention": 1}
+
+
+def test_kv_heads_repeated_the_other_way_are_not_fused(caplog):
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        c = tvmfuse.build(_grouped_query(1, 4, 2, 8, 8, "tile"), "llvm", "tvmfuse")
+    assert not _attention_kernels(c)
+    assert "is not fused as attention" in caplog.text
 
 
 def test_an_operand_inside_the_match_is_refused():

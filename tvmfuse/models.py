@@ -6,6 +6,8 @@ onnxruntime for the ONNX one), tolerances, and `eager(*inputs)` for timing PyTor
 
   bert-tiny       transformers BertModel, hidden 64, 2 layers, 2 heads, vocab 100   (torch.export)
   gpt2-tiny       transformers GPT2LMHeadModel, n_embd 64, 2 layers, 2 heads, use_cache=False
+  llama-tiny      transformers LlamaForCausalLM, hidden 64, 2 layers, 4 query heads on 2 key/value
+                  heads (grouped-query), rotary embeddings, RMSNorm, SiLU-gated MLP
   resnet-tiny     a ResNet-style conv net written here: stem, 2 basic blocks (one strided with a 1x1
                   projection), BatchNorm in inference mode, global average pool, linear head
   bert-tiny-onnx  bert-tiny exported with torch.onnx.export(dynamo=False), imported with from_onnx,
@@ -20,6 +22,8 @@ Full-size models, the configs' defaults (random weights, eager attention, batch 
                   convs, ReLU6, TF "same" padding
   convnext-tiny   transformers ConvNextForImageClassification(ConvNextConfig()): depthwise 7x7 convs,
                   LayerNorm and the MLP channels-last, layer scale, GELU
+  smollm-135m     SmolLM-135M's Llama architecture: hidden 576, 30 layers, 9 query heads on 3
+                  key/value heads, vocab 49152, tied LM head
   vit-base        transformers ViTForImageClassification(ViTConfig()): 16x16 patches, hidden 768, 12
                   layers, 12 heads; 197 tokens at 224x224 (a ragged extent for every tile)
 
@@ -84,6 +88,27 @@ def _gpt2_module(cfg=None):
             return self.gpt2(input_ids=input_ids, use_cache=False).logits
 
     return GPT2().eval()
+
+
+def _llama_module(cfg=None):
+    """transformers LlamaForCausalLM returning logits; `cfg` None: the tiny config (grouped-query:
+    4 query heads on 2 key/value heads)."""
+    torch = _torch()
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = cfg or LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                             use_cache=False, attn_implementation="eager")
+
+    class Llama(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.llama = LlamaForCausalLM(cfg)
+
+        def forward(self, input_ids):
+            return self.llama(input_ids=input_ids, use_cache=False).logits
+
+    return Llama().eval()
 
 
 def _resnet_module():
@@ -190,6 +215,10 @@ def resnet_tiny(size="small"):
     return _torch_model("resnet-tiny", _resnet_module(), [x], size)
 
 
+def llama_tiny(size="small"):
+    return _torch_model("llama-tiny", _llama_module(), [_ids(size)], size)
+
+
 def bert_base(size="bench"):
     from transformers import BertConfig
 
@@ -202,6 +231,18 @@ def gpt2_small(size="bench"):
 
     module = _gpt2_module(GPT2Config(use_cache=False, attn_implementation="eager"))
     return _torch_model("gpt2-small", module, [_ids(size, 50257)], size, rtol=1e-3, atol=1e-3)
+
+
+def smollm_135m(size="bench"):
+    """SmolLM-135M's architecture (HuggingFaceTB/SmolLM-135M's config.json, random weights): a Llama
+    with grouped-query attention (9 query heads share 3 key/value heads), rotary position
+    embeddings, RMSNorm, a SiLU-gated MLP and the LM head tied to the 49152-word embedding."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, tie_word_embeddings=True, use_cache=False, attn_implementation="eager")
+    return _torch_model("smollm-135m", _llama_module(cfg), [_ids(size, 49152)], size, rtol=1e-3, atol=1e-3)
 
 
 def _image(size):
@@ -266,11 +307,12 @@ def bert_tiny_onnx(size="small"):
                        source="torch.onnx.export -> from_onnx (reference: onnxruntime)")
 
 
-MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "resnet-tiny": resnet_tiny,
+MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "llama-tiny": llama_tiny, "resnet-tiny": resnet_tiny,
           "bert-tiny-onnx": bert_tiny_onnx, "bert-base": bert_base, "gpt2-small": gpt2_small,
-          "resnet50": resnet50, "mobilenet-v2": mobilenet_v2, "convnext-tiny": convnext_tiny, "vit-base": vit_base}
-FULL_SIZE = ("bert-base", "gpt2-small", "resnet50", "mobilenet-v2", "convnext-tiny", "vit-base")
-ATTENTION_LAYERS = {"bert-base": 12, "gpt2-small": 12, "vit-base": 12}  # one fused attention kernel per layer
+          "resnet50": resnet50, "mobilenet-v2": mobilenet_v2, "convnext-tiny": convnext_tiny, "vit-base": vit_base,
+          "smollm-135m": smollm_135m}
+FULL_SIZE = ("bert-base", "gpt2-small", "resnet50", "mobilenet-v2", "convnext-tiny", "vit-base", "smollm-135m")
+ATTENTION_LAYERS = {"bert-base": 12, "gpt2-small": 12, "vit-base": 12, "smollm-135m": 30}  # one fused attention kernel per layer
 
 
 def names() -> list[str]:

@@ -8,7 +8,9 @@ of nodes that together compute one attention, whatever its spelling:
   - then, in any order, a scale (multiply or divide by a scalar), an additive mask (any tensor
     that broadcasts to the scores) or a `where(cond, scores, fill)` with a scalar fill;
   - softmax over the last axis;
-  - the matmul with V (P possibly reshaped/broadcast first), and reshapes of its result.
+  - the matmul with V (P possibly reshaped/broadcast first), and reshapes of its result;
+  - K and V repeated for grouped-query attention (transformers' repeat_kv: expand_dims,
+    broadcast_to, reshape), absorbed: the kernel reads key/value head h // R for query head h.
 Every value inside the match is used only inside it (the score matrix is never written); tensors
 are float32, and their dims constants or bare symbolic variables (a symbolic batch or sequence:
 extents compare by provable equality, relax_utils.SymDim; the kernel binds the variables from its
@@ -49,6 +51,7 @@ class AttentionMatch:
     steps: list = field(default_factory=list)  # score ops in order: (kind, *exprs); kind in mul/div/add/where
     score_shape: tuple = ()  # the scores' shape where the steps apply (masks broadcast against it)
     heads: dict = field(default_factory=dict)  # "q"/"k"/"v"/"out" -> H where that tensor is [B, S, H*D]
+    repeat: dict = field(default_factory=dict)  # "k"/"v" -> R where R query heads share each of its heads
 
 
 def _const_scalar(expr):
@@ -105,11 +108,37 @@ class _Walk:
             return any(self.reaches_matmul(a, depth - 1) for a in n.call.args)
         return False
 
+    def repeat_kv(self, expr, members):
+        """`expr` = reshape(broadcast_to(expand_dims(x, 2), [B, G, R, S, D]), [B, G*R, S, D]), each
+        single-use: transformers' `repeat_kv`, grouped-query attention's R query heads per key/value
+        head. Absorbs the three; -> (x, R). Else (expr, 1). The kernel reads head h of Q against
+        head h // R of x: the repeated tensor is never made."""
+        r = self.node(expr)
+        if r is None or r.op != "reshape" or not self.private(r) or r.dims is None or len(r.dims) != 4:
+            return expr, 1
+        bc = self.node(r.call.args[0])
+        if bc is None or bc.op != "broadcast_to" or not self.private(bc) or bc.dims is None or len(bc.dims) != 5:
+            return expr, 1
+        ex = self.node(bc.call.args[0])
+        if ex is None or ex.op != "expand_dims" or not self.private(ex) or \
+                [int(a) for a in ex.call.attrs.axis] != [2]:
+            return expr, 1
+        x = ex.call.args[0]
+        b, g, rep, s, d = bc.dims
+        if not all(isinstance(n, int) for n in (g, rep, d)) or dims(x.ty) is None or \
+                tuple(dims(x.ty)) != (b, g, s, d) or tuple(r.dims) != (b, g * rep, s, d):
+            return expr, 1
+        members |= {r.idx, bc.idx, ex.idx}
+        return x, rep
+
     def see_through(self, expr, members):
-        """Up through single-use reshapes and identity broadcast_to's (views in the torch spelling)."""
+        """Up through single-use reshapes and identity broadcast_to's (views in the torch spelling),
+        stopping at a grouped-query repeat (`repeat_kv`)."""
         while True:
             n = self.node(expr)
             if n is None or not self.private(n) or n.op not in ("reshape", "broadcast_to"):
+                return expr
+            if self.repeat_kv(expr, set())[1] > 1:
                 return expr
             src = n.call.args[0]
             if n.op == "broadcast_to" and dims(src.ty) != n.dims:
@@ -192,17 +221,20 @@ def _match(g, sm):
     q = w.see_through(score.call.args[0], members)
     q, heads["q"] = w.heads_split(q, members, [0, 2, 1, 3])
     kt = w.see_through(score.call.args[1], members)
-    v = w.see_through(pv.call.args[1], members)
+    repeat = {}
+    v, repeat["v"] = w.repeat_kv(w.see_through(pv.call.args[1], members), members)
     v, heads["v"] = w.heads_split(v, members, [0, 2, 1, 3])
     k, heads["k"] = w.heads_split(kt, members, [0, 2, 3, 1])  # ONNX: one transpose to Kᵀ
     k_transposed = heads["k"] is None
     kn = w.node(kt)
+    repeat["k"] = 1
     if k_transposed and kn is not None and kn.op == "permute_dims" and w.private(kn):
         rank = len(kn.dims)
         axes = [int(a) for a in kn.call.attrs.axes] if kn.call.attrs.axes is not None else None
         if axes == list(range(rank - 2)) + [rank - 1, rank - 2]:
             members.add(kn.idx)
             k, k_transposed = w.see_through(kn.call.args[0], members), False
+            k, repeat["k"] = w.repeat_kv(k, members)
             k, heads["k"] = w.heads_split(k, members, [0, 2, 1, 3])
     heads["out"] = None
     if w.private(out) and out.dims is not None and len(out.dims) == 4:  # merge the heads back
@@ -219,7 +251,8 @@ def _match(g, sm):
         n = w.node(e)
         if n is not None and n.idx in members:
             return None, f"{n.name} ({n.op}) is both inside the attention and one of its operands"
-    m = AttentionMatch(members, q, k, v, out.var, k_transposed, steps, tuple(score_shape), heads)
+    repeat = {k_: r for k_, r in repeat.items() if r > 1}
+    m = AttentionMatch(members, q, k, v, out.var, k_transposed, steps, tuple(score_shape), heads, repeat)
     why = _check_shapes(m)
     return (None, why) if why else (m, None)
 
@@ -254,8 +287,12 @@ def _check_shapes(m: AttentionMatch):
     if dk != d or V[-2] != sk or tuple(O[-2:]) != (sq, V[-1]):
         return f"shapes do not chain: Q {list(Q)}, K {list(K)}, V {list(V)}, O {list(O)}"
     heads = {n: _prod(s[:-2]) for n, s in shapes.items()}
+    for name, key in (("K", "k"), ("V", "v")):  # grouped-query: R query heads per K/V head
+        if key in m.repeat:
+            lead = list(shapes[name][:-2])
+            heads[name] = _prod(lead[:-1] + [lead[-1] * m.repeat[key]]) if lead else None
     if any(h != heads["Q"] for h in heads.values()):
-        return f"batch x heads differ: {heads} (broadcast heads are not fused yet)"
+        return f"batch x heads differ: {heads} (only transformers' repeat_kv broadcasts heads)"
     if tuple(m.score_shape[-2:]) != (sq, sk) or _prod(m.score_shape[:-2]) != heads["Q"]:
         return f"the masked scores {list(m.score_shape)} are not [.., {sq}, {sk}]"
     for step in m.steps:
@@ -309,6 +346,6 @@ def spec(m: AttentionMatch, sources: list, out_shape) -> str:
     return json.dumps({
         "q": ref(m.q)["param"], "k": ref(m.k)["param"], "v": ref(m.v)["param"],
         "q_shape": shape(m.q), "k_shape": shape(m.k), "v_shape": shape(m.v), "out_shape": [_json_dim(x) for x in out_shape],
-        "k_transposed": m.k_transposed, "score_shape": [_json_dim(x) for x in m.score_shape], "heads": m.heads,
+        "k_transposed": m.k_transposed, "score_shape": [_json_dim(x) for x in m.score_shape], "heads": m.heads, "repeat": m.repeat,
         "steps": [[kind] + [dict(ref(e), shape=shape(e)) for e in exprs] for kind, *exprs in m.steps],
     })
