@@ -1,5 +1,5 @@
 """Full-size models (BERT-base, GPT-2 small with its 50257-word LM head, ResNet-50, MobileNetV2,
-ConvNeXt-T) through
+ConvNeXt-T, ViT-B/16, SmolLM-135M) through
 tvmfuse: they match PyTorch, every matmul and conv is taken by its real rule (no naive fallback,
 whatever the extents), kernel names are short, and each kernel's FLOPs are counted for the
 roofline. "small" size: sequence 16, image 64x64; the weights are full size."""
@@ -12,6 +12,7 @@ pytest.importorskip("transformers")
 
 import tvmfuse  # noqa: E402
 from tvmfuse import models  # noqa: E402
+from tvmfuse.relax_utils import call_tir_sites  # noqa: E402
 from tvmfuse.roofline import graph_flops  # noqa: E402
 
 _CACHE = {}
@@ -38,8 +39,8 @@ def test_every_matmul_and_conv_takes_its_rule(name):
     heavy = {gv.name_hint: str(f.attrs.get("tvmfuse.rule")) for gv, f in c.mod.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and int(f.attrs.get("tvmfuse.flops", 0)) > 0}
     assert heavy and set(heavy.values()) <= {"cpu.Matmul", "cpu.Conv2D", "cpu.Attention"}, heavy
-    attention = [n for n, rule in heavy.items() if rule == "cpu.Attention"]
-    assert len(attention) == models.ATTENTION_LAYERS.get(name, 0), attention  # one per layer
+    attention = [gv.name_hint for _v, gv, _a, _t in call_tir_sites(c.mod["main"]) if heavy.get(gv.name_hint) == "cpu.Attention"]
+    assert len(attention) == models.ATTENTION_LAYERS.get(name, 0), attention  # one call per layer
 
 
 @pytest.mark.parametrize("name", models.FULL_SIZE)

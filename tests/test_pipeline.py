@@ -60,6 +60,47 @@ def test_the_build_carries_its_plan():
     assert tvmfuse.build(w.mod, "llvm", "tvm").plan is None
 
 
+def _two_layers(second_width=16):
+    """x -> relu(x @ W1 + b1) -> relu(. @ W2 + b2): two anchor + epilogue groups, with their own
+    constant weights; structurally equal when the widths are."""
+    import numpy as np
+    from tvm import relax
+    from tvm.relax import op as R
+
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((8, 16), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            h = x
+            for n in (16, second_width):
+                w = relax.const(rng.standard_normal((int(h.ty.shape[1]), n)).astype("float32"))
+                b = relax.const(rng.standard_normal((n,)).astype("float32"))
+                h = bb.emit(R.nn.relu(bb.emit(R.add(bb.emit(R.matmul(h, w)), b))))
+            out = bb.emit_output(h)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("width, kernels", [(16, 1), (24, 2)])
+def test_structurally_equal_groups_share_one_primfunc(width, kernels):
+    """A transformer's layers are the same kernel with other weights: one PrimFunc to schedule and
+    compile, called once per layer (as TVM's FuseTIR shares its functions); groups of other
+    shapes keep their own."""
+    import numpy as np
+
+    mod = _two_layers(width)
+    c = tvmfuse.build(mod, "llvm", "tvmfuse")
+    funcs = [gv.name_hint.removesuffix("_prepacked") for gv, f in c.mod.functions_items()
+             if isinstance(f, tvm.tirx.PrimFunc)]  # PrepackWeights renames the kernels it packs for
+    fused = [g for g in c.plan.groups if g.fused]
+    assert len(fused) == 2 and c.launches == 2
+    assert len(funcs) == len({g.kernel for g in fused}) == kernels and set(funcs) == {g.kernel for g in fused}
+    x = np.random.default_rng(1).standard_normal((8, 16)).astype("float32")
+    ref = tvmfuse.build(mod, "llvm", "none")(x)
+    np.testing.assert_allclose(c(x), ref, rtol=1e-5, atol=1e-5)
+
+
 def test_a_group_te_refuses_shows_as_refused(monkeypatch):
     from tvmfuse.passes import fuse_groups_te
 

@@ -237,10 +237,11 @@ def test_mask_ops_build_and_match(caplog):
     torch.testing.assert_close(out, m(pos, scores))
 
 
-@pytest.mark.parametrize("name", ["gpt2-tiny", "resnet-tiny"])
+@pytest.mark.parametrize("name", ["gpt2-tiny", "resnet-tiny", "llama-tiny"])
 def test_tiny_models_build_without_eager_fallback(name, caplog):
-    """transformers' GPT-2 (its mask code) and ResNet (BatchNorm as a function) ran eagerly under
-    the backend before; now each is one tvmfuse build that matches eager."""
+    """transformers' GPT-2 (its mask code), ResNet (BatchNorm as a function) and Llama
+    (torch._C._log_api_usage_once in its mask code) ran eagerly under the backend before; now each
+    is one tvmfuse build that matches eager."""
     from tvmfuse import models
 
     torch._dynamo.reset()

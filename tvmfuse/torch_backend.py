@@ -459,7 +459,13 @@ def _sym_sqrt(node, importer):
     return importer.block_builder.emit(relax.op.sqrt(x))
 
 
-_CONVERTERS = {"embedding": _embedding, "tvmfuse_size": _size, "getitem": _getitem, "gather": _gather,
+def _no_op(node, importer):
+    """A call made only for its side effect on PyTorch's side (torch._C._log_api_usage_once, which
+    transformers' Llama calls while it builds the mask): nothing to compute."""
+    return None
+
+
+_CONVERTERS = {"embedding": _embedding, "_log_api_usage_once": _no_op, "tvmfuse_size": _size, "getitem": _getitem, "gather": _gather,
                "batch_norm": _batch_norm,
                "zeros": _filled(0), "ones": _filled(1), "new_ones": _filled(1, method=True),
                "cumsum": _cumsum, "hardtanh": _hardtanh, "Size": _size_list, "_sym_sqrt": _sym_sqrt, "diff": _diff, "where": _where}
