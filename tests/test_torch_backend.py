@@ -153,8 +153,7 @@ def test_small_bert_dynamic_compiles_once_and_matches_eager_at_every_length():
     (compiled,) = builds  # one compile for the three lengths
     assert compiled is not None, "the dynamic graph was left to eager"
     assert list(compiled.ranges.values()) == [(2, 256)]
-    rules = [str(f.attrs["tvmfuse.rule"]) for _gv, f in compiled.mod.functions_items()
-             if hasattr(f, "attrs") and f.attrs is not None and "tvmfuse.rule" in f.attrs]
+    rules = compiled.rules()
     assert rules.count("cpu.Attention") == 2 and "cpu.Fallback" not in rules
 
 
@@ -299,6 +298,5 @@ def test_gpt2_dynamic_compiles_once_and_matches_eager(caplog):
     assert _no_eager_fallback(caplog), caplog.text
     assert len(builds) == 1 and builds[0] is not None
     # one flash-attention kernel per layer (an identity cast of the probabilities hid it)
-    rules = [str(f.attrs.get("tvmfuse.rule")) for _gv, f in builds[0].mod.functions_items()
-             if isinstance(f, tvm.tirx.PrimFunc) and f.attrs]
+    rules = builds[0].rules()
     assert rules.count("cpu.Attention") == w.module.gpt2.config.n_layer, rules

@@ -106,6 +106,17 @@ class Compiled:
         """Kernels called by `function` (default: main, or the generic version of a bucketed build)."""
         return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.mod[function or self.kernel_function])]
 
+    def rules(self, function: str | None = None) -> list[str]:
+        """The schedule rule (`tvmfuse.rule`) of the kernel of each call site of `function`, in
+        call order ("-" for a kernel no rule marked): a kernel that several groups share (a
+        transformer's layers) counts once per call."""
+        funcs = dict((gv.name_hint, f) for gv, f in self.mod.functions_items())
+        out = []
+        for name in self.call_sites(function):
+            attrs = getattr(funcs.get(name), "attrs", None)
+            out.append(str(attrs["tvmfuse.rule"]) if attrs is not None and "tvmfuse.rule" in attrs else "-")
+        return out
+
     def function_for(self, arrays) -> str:
         """The Relax function these inputs run: main, or in a bucketed build the version main
         dispatches them to (the bucket whose sizes they have, else main__generic)."""
