@@ -293,8 +293,10 @@ def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
         try:
             with warnings.catch_warnings(), torch.no_grad(), _stderr_to_devnull():
                 warnings.simplefilter("ignore")
+                # the dynamo exporter writes opset 18 (converted down to 17, its Split kept
+                # opset 18's num_outputs: an invalid model for ONNX Runtime)
                 torch.onnx.export(module, tuple(torch.from_numpy(a) for a in arrays), buf, input_names=names,
-                                  output_names=["output"], opset_version=17, dynamo=dynamo)
+                                  output_names=["output"], opset_version=18 if dynamo else 17, dynamo=dynamo)
             return buf.getvalue(), ""
         except Exception as err:  # each exporter fails in its own way; the row says how
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
