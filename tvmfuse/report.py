@@ -216,8 +216,12 @@ def _kernel_groups(entry, fg, variant, row):
     gids = list(dict.fromkeys(G.nodes[n]["group"] for n in nodes if G.nodes[n]["group"]))
     if variant == "tvmfuse" and gids:
         groups = [g for g in fg.groups if g.id in gids]
+        kinds = list(dict.fromkeys(g.kind for g in groups))
         members = [m for g in groups for m in g.members]
-        kind = "; ".join(f"{g.id}: {g.kind}" for g in groups)
+        if len(groups) > 1 and len(kinds) == 1:  # one kernel shared by equal groups (a model's layers)
+            kind = f"{groups[0].id}: {kinds[0]} (and {len(groups) - 1} more like it)"
+        else:
+            kind = "; ".join(f"{g.id}: {g.kind}" for g in groups)
     else:  # one op per kernel; a PrimFunc called several times lists each call's op
         members = nodes
         kind = "single " + "/".join(sorted({G.nodes[n]["cls"] for n in nodes}))
