@@ -211,3 +211,21 @@ def test_headless_chromium_screenshot(tmp_path, rendered):
     for cls in ("reduction", "compute-heavy", "injective"):
         rgb = tuple(int(viz.CLASS_COLORS[cls][i:i + 2], 16) for i in (1, 3, 5))
         assert rgb in colors, cls
+
+
+def test_a_kernel_shared_by_layers_names_its_first_group_and_the_rest():
+    """bert-tiny's two layers share their kernels: each shared kernel's row names its first group
+    and how many more, and lists the ops of every call (no op in two rows)."""
+    pytest.importorskip("transformers")
+    w = tvmfuse.load("bert-tiny")
+    cmp = tvmfuse.compare(w.mod, w.inputs(), "llvm", name="bert-tiny", variants=("tvmfuse",))
+    e = report.profile(report.Entry("bert-tiny", w.mod, cmp, w.inputs()), "llvm")
+    fg = viz.fusion_graph(e.mod)
+    rows = {p["name"]: (p["calls"], report._kernel_groups(e, fg, "tvmfuse", p)) for p in e.profiles["tvmfuse"]}
+    calls, (kind, _ops) = rows["fused_attention"]
+    assert calls == 2 and kind.endswith("flash attention (and 1 more like it)"), kind
+    inside = [op.split(":")[0] for _c, (_k, ops) in rows.values() for op in ops.split(", ")]
+    assert len(inside) == len(set(inside))  # no op in two rows
+    attention = [g for g in fg.groups if g.kind == "flash attention"]
+    listed = {op.split(":")[0] for op in rows["fused_attention"][1][1].split(", ")}
+    assert len(attention) == 2 and {m for g in attention for m in g.members} <= listed  # both layers' ops
