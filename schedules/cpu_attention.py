@@ -127,12 +127,13 @@ def least_padding(sq, row_vector: int, row_groups: int, sk, key_unroll: int, key
     not pay for up to a whole block of padded work per head.
 
     Rows: `row_groups` row tiles, halved down to 1 (ties: the larger block, fewer Qᵀ copies; 3
-    tiles measured slower than 2 or 1 at 77 and 192 tokens). Keys: `keys`, or one `key_unroll` more or fewer where that pads at least 5% fewer
-    keys (smaller blocks cost a rescale each, larger ones outgrow L1: at 1000 tokens 40-key
-    blocks, which pad none, ran 5% slower than 32-key blocks, which pad 24). znver4, 12 heads x 64, interleaved: 197
-    tokens 1.40 -> 0.79 ms (32-row blocks, 40 keys), 300 tokens 3.15 -> 1.78 ms (64-row blocks),
-    77 tokens 0.29 -> 0.15 ms; unchanged where
-    the table's blocks divide the sequence (128, 512, 2048). Symbolic extents keep the table's."""
+    tiles measured slower than 2 or 1 at 77 and 192 tokens). Keys: `keys`, or one `key_unroll`
+    more or fewer where that pads at least 5% fewer keys (smaller blocks cost a rescale each,
+    larger ones outgrow L1: at 1000 tokens 40-key blocks, which pad none, ran 5% slower than
+    32-key blocks, which pad 24). znver4, 12 heads x 64, interleaved: 197 tokens 1.40 -> 0.79 ms
+    (32-row blocks, 40 keys), 300 tokens 3.15 -> 1.78 ms (64-row blocks), 77 tokens 0.29 -> 0.15
+    ms; unchanged where the table's blocks divide the sequence (128, 512, 2048). Symbolic extents
+    keep the table's."""
     if isinstance(sq, int):
         groups = [row_groups >> n for n in range(row_groups.bit_length()) if row_groups >> n]
         row_groups = min(groups, key=lambda g: -(-sq // (row_vector * g)) * row_vector * g)

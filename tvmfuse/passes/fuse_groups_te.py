@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 
 import tvm
+import tvm_ffi
 from tvm import relax, te
 
 from .. import config
@@ -150,15 +151,22 @@ def _plan_groups(p, b: int) -> list[Group]:
     return out
 
 
-def _shared(kernels: dict, pf):
-    """The GlobalVar of an emitted PrimFunc structurally equal to `pf` (attrs included, but
-    `tvmfuse.group`, which names the group), else None."""
-    import tvm_ffi
-
-    for gv, other in kernels.get(tvm_ffi.structural_hash(pf), ()):
+def _kernel(bb, kernels: dict, taken: set, pf, base: str, grp: Group):
+    """The GlobalVar that computes `pf`: one emitted before that is structurally equal to it (its
+    attrs included, before `tvmfuse.group` names the group), else `pf` added under a name not yet
+    taken (`base`, `base_2`, ... never a _1_1_1 chain), stamped with `grp`."""
+    h = tvm_ffi.structural_hash(pf)
+    for gv, other in kernels.get(h, ()):
         if tvm_ffi.structural_equal(pf, other):
             return gv
-    return None
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    gv = bb.add_func(pf.with_attr(FUNC_ATTR, grp.attr()), name)  # typed GlobalVar
+    kernels.setdefault(h, []).append((gv, pf))
+    return gv
 
 
 def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set, kernels: dict):
@@ -200,24 +208,13 @@ def _rewrite_block(bb, block, outputs, knobs, result: Plan, taken: set, kernels:
         key = positions[0]
         if key in fused:
             members, pf, inputs, outs, grp = fused[key]
-            gv = _shared(kernels, pf)
-            if gv is None:
-                base = name = _group_name(g, members, members[0] in p.attention)
-                k = 1
-                while name in taken:  # fused_conv2d_add_relu, _2, _3, ... (never a _1_1_1 chain)
-                    k += 1
-                    name = f"{base}_{k}"
-                taken.add(name)
-                import tvm_ffi
-
-                kernels.setdefault(tvm_ffi.structural_hash(pf), []).append(
-                    (gv := bb.add_func(pf.with_attr(FUNC_ATTR, grp.attr()), name), pf))  # typed GlobalVar
+            gv = _kernel(bb, kernels, taken, pf, _group_name(g, members, members[0] in p.attention), grp)
             grp.kernel = gv.name_hint
             if len(outs) == 1:
                 bindings.append(relax.VarBinding(outs[0], relax.call_tir(gv, inputs, out_ty=outs[0].ty)))
             else:
                 tup_ty = relax.TupleType([o.ty for o in outs])
-                tv = relax.DataflowVar(name, tup_ty)
+                tv = relax.DataflowVar(gv.name_hint, tup_ty)
                 bindings.append(relax.VarBinding(tv, relax.call_tir(gv, inputs, out_ty=[o.ty for o in outs])))
                 bindings += [relax.VarBinding(o, relax.TupleGetItem(tv, k)) for k, o in enumerate(outs)]
         else:
