@@ -220,12 +220,33 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
                 time.sleep(BLAS_SPIN_S)
     row.ms = {s: statistics.median(v) * 1e3 for s, v in samples.items()}
     if row.flops and "tvmfuse" in calls and not is_gpu(t):
-        from .runtime import kernel_profile
-
         row.kernels = [{k: v for k, v in r.items() if k != "outputs"}
-                       for r in kernel_profile(calls["tvmfuse"].compiled, w.inputs(), runs=5, budget_s=3.0)]
+                       for r in _kernel_rows(calls["tvmfuse"].compiled, w.inputs(), row.ms["tvmfuse"])]
     row.samples = {s: len(v) for s, v in samples.items()}
     return row
+
+
+PROFILE_TRIES = 3  # kernel profiles taken at most per model
+PROFILE_SLACK = 1.15  # ... until one's kernels sum to at most this times the timed median
+
+
+def _kernel_rows(compiled, inputs, timed_ms: float) -> list[dict]:
+    """tvmfuse's kernel profile of a real model, taken once after the timing rounds: retaken (up to
+    PROFILE_TRIES) while its kernels sum to more than PROFILE_SLACK x the median the rounds timed,
+    keeping the fastest. The host has stretches where everything runs up to 2x slower; a profile
+    taken in one made every kernel look half as fast and flagged cliffs that were not there
+    (MobileNetV2, 2026-12-05: kernels summed to 11.6 ms against 4.5 on a quiet stretch)."""
+    from .runtime import kernel_profile
+
+    best = None
+    for _ in range(PROFILE_TRIES):
+        rows = kernel_profile(compiled, inputs, runs=5, budget_s=3.0)
+        total = sum(r["ms"] for r in rows)
+        if best is None or total < best[0]:
+            best = (total, rows)
+        if total <= PROFILE_SLACK * timed_ms:
+            break
+    return best[1]
 
 
 def geomean(values):
