@@ -12,7 +12,6 @@ pytest.importorskip("transformers")
 
 import tvmfuse  # noqa: E402
 from tvmfuse import models  # noqa: E402
-from tvmfuse.relax_utils import call_tir_sites  # noqa: E402
 from tvmfuse.roofline import graph_flops  # noqa: E402
 
 _CACHE = {}
@@ -39,8 +38,8 @@ def test_every_matmul_and_conv_takes_its_rule(name):
     heavy = {gv.name_hint: str(f.attrs.get("tvmfuse.rule")) for gv, f in c.mod.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and int(f.attrs.get("tvmfuse.flops", 0)) > 0}
     assert heavy and set(heavy.values()) <= {"cpu.Matmul", "cpu.Conv2D", "cpu.Attention"}, heavy
-    attention = [gv.name_hint for _v, gv, _a, _t in call_tir_sites(c.mod["main"]) if heavy.get(gv.name_hint) == "cpu.Attention"]
-    assert len(attention) == models.ATTENTION_LAYERS.get(name, 0), attention  # one call per layer
+    attention = [r for r in c.rules() if r == "cpu.Attention"]
+    assert len(attention) == models.ATTENTION_LAYERS.get(name, 0), c.rules()  # one call per layer
 
 
 @pytest.mark.parametrize("name", models.FULL_SIZE)

@@ -110,12 +110,9 @@ class Compiled:
         """The schedule rule (`tvmfuse.rule`) of the kernel of each call site of `function`, in
         call order ("-" for a kernel no rule marked): a kernel that several groups share (a
         transformer's layers) counts once per call."""
-        funcs = dict((gv.name_hint, f) for gv, f in self.mod.functions_items())
-        out = []
-        for name in self.call_sites(function):
-            attrs = getattr(funcs.get(name), "attrs", None)
-            out.append(str(attrs["tvmfuse.rule"]) if attrs is not None and "tvmfuse.rule" in attrs else "-")
-        return out
+        attrs = {gv.name_hint: getattr(f, "attrs", None) for gv, f in self.mod.functions_items()}
+        return [str(a["tvmfuse.rule"]) if a is not None and "tvmfuse.rule" in a else "-"
+                for a in (attrs.get(name) for name in self.call_sites(function))]
 
     def function_for(self, arrays) -> str:
         """The Relax function these inputs run: main, or in a bucketed build the version main
