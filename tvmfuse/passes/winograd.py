@@ -43,10 +43,18 @@ from ..relax_utils import dense_nchw_conv_reason, rewrite_op_calls, static_ints
 
 log = logging.getLogger("tvmfuse.fusion")
 
-# F(2x2, 3x3) (Lavin & Gray 2016): Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A
-_BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
-_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64)
-_AT = ((1, 1, 1, 0), (0, 1, -1, -1))
+# F(m x m, 3x3) (Lavin & Gray 2016): Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A, over (m+2) x (m+2) input tiles.
+# F(2x2): interpolation points 0, ±1, ∞; F(4x4): 0, ±1, ±2, ∞.
+_MATRICES = {
+    2: (((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1)),
+        np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], dtype=np.float64),
+        ((1, 1, 1, 0), (0, 1, -1, -1))),
+    4: (((4, 0, -5, 0, 1, 0), (0, -4, -4, 1, 1, 0), (0, 4, -4, -1, 1, 0), (0, -2, -1, 2, 1, 0),
+         (0, 2, -1, -2, 1, 0), (0, 4, 0, -5, 0, 1)),
+        np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
+                  [1 / 24, 1 / 12, 1 / 6], [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], dtype=np.float64),
+        ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))),
+}
 OPAQUE = 8  # op_pattern kOpaque: FuseOps leaves the transforms alone
 
 
@@ -79,25 +87,40 @@ def _legal(call):
     return dims[1], dims[2], dims[3], wv.shape[0], wv
 
 
-def _profitable(c, h, w, o, table) -> str | None:
+def _tile(c, h, w, o, table):
+    """The output tile m (of `winograd_tiles`) whose batched matmul does the fewest multiply-adds,
+    among those profitability allows; or the reason none is."""
     if min(h, w) < table["winograd_min_map"]:
         return f"a {h}x{w} map is under winograd_min_map={table['winograd_min_map']}"
-    mib = 16 * c * o * 4 / 2**20
-    if mib > table["winograd_max_weight_mib"]:
-        return f"its transformed weight, {mib:.1f} MiB, is over winograd_max_weight_mib={table['winograd_max_weight_mib']}"
-    return None
+    best, why = None, None
+    for m in table["winograd_tiles"]:
+        mib = (m + 2) ** 2 * c * o * 4 / 2**20
+        if mib > table["winograd_max_weight_mib"]:
+            why = (f"its transformed weight for F({m}x{m}, 3x3), {mib:.1f} MiB, is over "
+                   f"winograd_max_weight_mib={table['winograd_max_weight_mib']}")
+            continue
+        tiles = -(-h // m) * -(-w // m)
+        if tiles < table["winograd_min_tiles"]:
+            why = f"F({m}x{m}, 3x3) has {tiles} tiles, under winograd_min_tiles={table['winograd_min_tiles']}"
+            continue
+        work = (m + 2) ** 2 * tiles
+        if best is None or work < best[0]:
+            best = (work, m)
+    return best[1] if best else why
 
 
-def transformed_weight(w: np.ndarray) -> np.ndarray:
-    """U[a*4+b, c, o] = (G W[o, c] Gᵀ)[a, b], computed in float64, as float32."""
-    u = np.einsum("ai,ocij,bj->abco", _G, w.astype(np.float64), _G)
-    return np.ascontiguousarray(u.reshape(16, w.shape[1], w.shape[0])).astype(np.float32)
+def transformed_weight(w: np.ndarray, m: int = 2) -> np.ndarray:
+    """U[a*(m+2)+b, c, o] = (G W[o, c] Gᵀ)[a, b], computed in float64, as float32."""
+    g = _MATRICES[m][1]
+    u = np.einsum("ai,ocij,bj->abco", g, w.astype(np.float64), g)
+    return np.ascontiguousarray(u.reshape((m + 2) ** 2, w.shape[1], w.shape[0])).astype(np.float32)
 
 
 def _combine(terms):
-    """Σ k·t over (k, t) with k = ±1, as adds and subtracts."""
+    """Σ k·t over (k, t): units as adds and subtracts, other coefficients as multiplies."""
     out = None
     for k, t in terms:
+        t = t if abs(k) == 1 else t * tirx.const(float(abs(k)), "float32")
         out = (t if k > 0 else -t) if out is None else (out + t if k > 0 else out - t)
     return out
 
@@ -117,21 +140,27 @@ def _vector(c, lanes):
     return v
 
 
-def input_transform(c, h, w, lanes):
-    """x [1, C, H, W] -> V [16, th*tw, C], V[4a+b, p, k] = (Bᵀ d B)[a, b] of tile p's 4x4 input d."""
-    th, tw = -(-h // 2), -(-w // 2)
+def input_transform(c, h, w, lanes, m=2):
+    """x [1, C, H, W] -> V [n², th*tw, C] (n = m+2), V[n*a+b, p, k] = (Bᵀ d B)[a, b] of tile p's
+    n x n input d (tiles m apart)."""
+    bt, n = _MATRICES[m][0], m + 2
+    th, tw = -(-h // m), -(-w // m)
     x = te.placeholder((1, c, h, w), "float32", name="x")
-    xt = te.compute((2 * th + 2, 2 * tw + 2, c), lambda i, j, k: tirx.if_then_else(
+    xt = te.compute((m * th + 2, m * tw + 2, c), lambda i, j, k: tirx.if_then_else(
         tirx.all(i >= 1, i <= h, j >= 1, j <= w), x[0, k, i - 1, j - 1], tirx.const(0.0, "float32")), name="xt")
 
-    def value(ab, p, k):
+    def rows(a, j, p, k):  # (Bᵀ d)[a, j]: the tile's columns transformed
         ty, tx = p // tw, p % tw
-        exprs = [_combine([(_BT[a][i] * _BT[b][j], xt[2 * ty + i, 2 * tx + j, k])
-                           for i in range(4) for j in range(4) if _BT[a][i] * _BT[b][j]])
-                 for a in range(4) for b in range(4)]
-        return _select(ab, exprs)
+        return _select(a, [_combine([(bt[aa][i], xt[m * ty + i, m * tx + j, k]) for i in range(n) if bt[aa][i]])
+                           for aa in range(n)])
 
-    v = te.compute((16, th * tw, c), value, name="V")
+    t = te.compute((n, n, th * tw, c), rows, name="T")
+
+    def value(ab, p, k):  # (Bᵀ d B)[a, b]
+        return _select(ab % n, [_combine([(bt[b][j], t[ab // n, j, p, k]) for j in range(n) if bt[b][j]])
+                                for b in range(n)])
+
+    v = te.compute((n * n, th * tw, c), value, name="V")
     sch = s_tir.Schedule(te.create_prim_func([x, v]))
     vec = _vector(c, lanes)
     i, j, k = sch.get_loops(sch.get_sblock("xt"))
@@ -145,23 +174,31 @@ def input_transform(c, h, w, lanes):
     sch.parallel(p)
     sch.unroll(ab)
     sch.vectorize(k1)
+    tb = sch.get_sblock("T")
+    sch.compute_at(tb, k0)
+    sch.set_scope(tb, 0, "local")
+    a, j, _, kk = sch.get_loops(tb)[-4:]
+    sch.unroll(a)
+    sch.unroll(j)
+    sch.vectorize(kk)
     return _mark(sch.mod["main"], "winograd.InputTransform")
 
 
-def output_transform(o, h, w, lanes):
-    """M [16, th*tw, O] -> Y [th, 2, tw, 2, O], Y[ty, u, tx, v, k] = (Aᵀ m A)[u, v] of tile (ty, tx)."""
-    th, tw = -(-h // 2), -(-w // 2)
-    m = te.placeholder((16, th * tw, o), "float32", name="M")
+def output_transform(o, h, w, lanes, m=2):
+    """M [n², th*tw, O] -> Y [th, m, tw, m, O], Y[ty, u, tx, v, k] = (Aᵀ M A)[u, v] of tile (ty, tx)."""
+    at, n = _MATRICES[m][2], m + 2
+    th, tw = -(-h // m), -(-w // m)
+    mm = te.placeholder((n * n, th * tw, o), "float32", name="M")
 
     def value(ty, u, tx, v, k):
         p = ty * tw + tx
-        exprs = [_combine([(_AT[uu][a] * _AT[vv][b], m[4 * a + b, p, k])
-                           for a in range(4) for b in range(4) if _AT[uu][a] * _AT[vv][b]])
-                 for uu in range(2) for vv in range(2)]
-        return _select(u * 2 + v, exprs)
+        exprs = [_combine([(at[uu][a] * at[vv][b], mm[n * a + b, p, k])
+                           for a in range(n) for b in range(n) if at[uu][a] * at[vv][b]])
+                 for uu in range(m) for vv in range(m)]
+        return _select(u * m + v, exprs)
 
-    y = te.compute((th, 2, tw, 2, o), value, name="Y")
-    sch = s_tir.Schedule(te.create_prim_func([m, y]))
+    y = te.compute((th, m, tw, m, o), value, name="Y")
+    sch = s_tir.Schedule(te.create_prim_func([mm, y]))
     ty, u, tx, v, k = sch.get_loops(sch.get_sblock("Y"))
     k0, k1 = sch.split(k, [None, _vector(o, lanes)])
     sch.reorder(ty, tx, k0, u, v, k1)
@@ -185,27 +222,27 @@ def _rewrite(table):
         if isinstance(legal, str):
             return None
         c, h, w, o, wv = legal
-        why = _profitable(c, h, w, o, table)
-        if why:
-            log.info("conv2d %dx%dx%d -> %d (3x3/1) stays direct: %s", c, h, w, o, why)
+        m = _tile(c, h, w, o, table)
+        if isinstance(m, str):
+            log.info("conv2d %dx%dx%d -> %d (3x3/1) stays direct: %s", c, h, w, o, m)
             return None
-        log.info("conv2d %dx%dx%d -> %d (3x3/1) as Winograd F(2x2, 3x3)", c, h, w, o)
-        return _winograd(builder, call.args[0], c, h, w, o, wv, max(1, int(table["vector_bytes"]) // 4))
+        log.info("conv2d %dx%dx%d -> %d (3x3/1) as Winograd F(%dx%d, 3x3)", c, h, w, o, m, m)
+        return _winograd(builder, call.args[0], c, h, w, o, wv, max(1, int(table["vector_bytes"]) // 4), m)
 
     return rewrite
 
 
-def _winograd(bb, x, c, h, w, o, wv, lanes):
+def _winograd(bb, x, c, h, w, o, wv, lanes, m):
     emit = bb.emit
-    th, tw = -(-h // 2), -(-w // 2)
-    fin = bb.add_func(input_transform(c, h, w, lanes), "winograd_input")
-    fout = bb.add_func(output_transform(o, h, w, lanes), "winograd_output")
-    v = emit(relax.call_tir(fin, [x], relax.TensorType((16, th * tw, c), "float32")))
-    m = emit(relax.op.matmul(v, relax.const(transformed_weight(wv))))
-    y = emit(relax.call_tir(fout, [m], relax.TensorType((th, 2, tw, 2, o), "float32")))
-    y = emit(relax.op.reshape(y, relax.ShapeExpr([1, 2 * th, 2 * tw, o])))
+    th, tw, n = -(-h // m), -(-w // m), m + 2
+    fin = bb.add_func(input_transform(c, h, w, lanes, m), "winograd_input")
+    fout = bb.add_func(output_transform(o, h, w, lanes, m), "winograd_output")
+    v = emit(relax.call_tir(fin, [x], relax.TensorType((n * n, th * tw, c), "float32")))
+    mt = emit(relax.op.matmul(v, relax.const(transformed_weight(wv, m))))
+    y = emit(relax.call_tir(fout, [mt], relax.TensorType((th, m, tw, m, o), "float32")))
+    y = emit(relax.op.reshape(y, relax.ShapeExpr([1, m * th, m * tw, o])))
     y = relax.op.permute_dims(y, [0, 3, 1, 2])
-    if (2 * th, 2 * tw) != (h, w):
+    if (m * th, m * tw) != (h, w):
         y = relax.op.strided_slice(emit(y), axes=[2, 3], begin=[0, 0], end=[h, w])
     return y
 
