@@ -44,7 +44,6 @@ _COMMON = {
     "winograd": 1,
     "winograd_min_map": 8,
     "winograd_tiles": (4, 2),
-    "winograd_min_tiles": 32,
     "winograd_max_weight_mib": 8,
     "pool_max_window": 64,  # cpu.Pool: window elements unrolled per output vector (3x3, 7x7)
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile

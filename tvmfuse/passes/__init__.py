@@ -6,6 +6,8 @@ def tvmfuse_passes(knobs):
     from tvm import relax
 
     from .fuse_groups_te import FuseGroupsTE
+    from .fuse_winograd_epilogue import FuseWinogradEpilogue
 
     T = relax.transform
-    return [T.DeadCodeElimination(), FuseGroupsTE(knobs=knobs), T.LegalizeOps(), T.AnnotateTIROpPattern()]
+    return [T.DeadCodeElimination(), FuseWinogradEpilogue, FuseGroupsTE(knobs=knobs), T.LegalizeOps(),
+            T.AnnotateTIROpPattern()]

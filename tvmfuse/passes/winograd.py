@@ -56,6 +56,7 @@ _MATRICES = {
         ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))),
 }
 OPAQUE = 8  # op_pattern kOpaque: FuseOps leaves the transforms alone
+WINOGRAD_ATTR = "tvmfuse.winograd"  # on the output transform: its sizes
 
 
 def _legal(call):
@@ -99,11 +100,7 @@ def _tile(c, h, w, o, table):
             why = (f"its transformed weight for F({m}x{m}, 3x3), {mib:.1f} MiB, is over "
                    f"winograd_max_weight_mib={table['winograd_max_weight_mib']}")
             continue
-        tiles = -(-h // m) * -(-w // m)
-        if tiles < table["winograd_min_tiles"]:
-            why = f"F({m}x{m}, 3x3) has {tiles} tiles, under winograd_min_tiles={table['winograd_min_tiles']}"
-            continue
-        work = (m + 2) ** 2 * tiles
+        work = (m + 2) ** 2 * -(-h // m) * -(-w // m)
         if best is None or work < best[0]:
             best = (work, m)
     return best[1] if best else why
@@ -184,11 +181,12 @@ def input_transform(c, h, w, lanes, m=2):
     return _mark(sch.mod["main"], "winograd.InputTransform")
 
 
-def output_transform(o, h, w, lanes, m=2):
-    """M [n², th*tw, O] -> Y [th, m, tw, m, O], Y[ty, u, tx, v, k] = (Aᵀ M A)[u, v] of tile (ty, tx)."""
+def output_compute(mm, o, h, w, m, index="int32"):
+    """The TE of Y [th, m, tw, m, O] from M [n², th*tw, O]: Y[ty, u, tx, v, k] = (Aᵀ M A)[u, v] of
+    tile (ty, tx) (the selects over u and v fold where the schedule unrolls them); `index`: the
+    dtype of its loop variables (int64 beside Relax ops' own TE)."""
     at, n = _MATRICES[m][2], m + 2
     th, tw = -(-h // m), -(-w // m)
-    mm = te.placeholder((n * n, th * tw, o), "float32", name="M")
 
     def value(ty, u, tx, v, k):
         p = ty * tw + tx
@@ -197,7 +195,15 @@ def output_transform(o, h, w, lanes, m=2):
                  for uu in range(m) for vv in range(m)]
         return _select(u * m + v, exprs)
 
-    y = te.compute((th, m, tw, m, o), value, name="Y")
+    return te.compute(tuple(tirx.IntImm(index, d) for d in (th, m, tw, m, o)), value, name="Y")
+
+
+def output_transform(o, h, w, lanes, m=2):
+    """M [n², th*tw, O] -> Y [th, m, tw, m, O], Y[ty, u, tx, v, k] = (Aᵀ M A)[u, v] of tile (ty, tx).
+    Carries `tvmfuse.winograd` (o, h, w, m, lanes): what passes/fuse_winograd_epilogue.py rebuilds it from."""
+    n, th, tw = m + 2, -(-h // m), -(-w // m)
+    mm = te.placeholder((n * n, th * tw, o), "float32", name="M")
+    y = output_compute(mm, o, h, w, m)
     sch = s_tir.Schedule(te.create_prim_func([mm, y]))
     ty, u, tx, v, k = sch.get_loops(sch.get_sblock("Y"))
     k0, k1 = sch.split(k, [None, _vector(o, lanes)])
@@ -206,7 +212,8 @@ def output_transform(o, h, w, lanes, m=2):
     sch.unroll(u)
     sch.unroll(v)
     sch.vectorize(k1)
-    return _mark(sch.mod["main"], "winograd.OutputTransform")
+    return _mark(sch.mod["main"], "winograd.OutputTransform").with_attr(
+        WINOGRAD_ATTR, {"o": o, "h": h, "w": w, "m": m, "lanes": lanes})
 
 
 def _mark(func, rule):
