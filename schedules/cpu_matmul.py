@@ -143,7 +143,7 @@ def _tile(sch, mm):
     if m == 0 or n == 0 or any(extent(sch, b) is None for b in batch):
         return None
     v = lanes(block_bits(sch, mm))
-    nr, mr = v * CPU["mm_col_vectors"], min(CPU["mm_rows"], m or CPU["mm_rows"])
+    nr, mr = v * CPU["mm_col_vectors"], row_tile(m)
     if n is not None:
         nr = min(nr, -(-n // v) * v)  # a narrow N (10 classes) pads to whole vectors, not a whole tile
     # a symbolic M or N (batch x sequence rows, a sequence of keys) is padded the same way:
@@ -161,6 +161,25 @@ def _tile(sch, mm):
     outer = [*batch, j0]
     sch.parallel(sch.fuse(*outer) if len(outer) > 1 else j0)
     return i0, k
+
+
+def row_tile(m: int | None) -> int:
+    """The micro-kernel height MR for M rows: `mm_rows`, or a shorter one down to `mm_rows_min`
+    that pads at least 5% of M fewer rows (fewest padded rows; ties to the taller). A padded M costs
+    a zero-filled copy of A and MR-row tiles of which some rows are waste: Winograd's 7x7 tiles
+    (49 rows) padded to 56 with MR = 8 took 1.14x the work; 7 rows pad none. M a multiple of
+    `mm_rows`, or a symbolic M, keeps `mm_rows`."""
+    full = CPU["mm_rows"]
+    if not m:
+        return full
+    if m <= full:
+        return m
+
+    def padded(r):
+        return -(-m // r) * r - m
+
+    best = min(range(CPU["mm_rows_min"], full + 1), key=lambda r: (padded(r), -r))
+    return best if padded(full) - padded(best) >= 0.05 * m else full
 
 
 def _tile_gemv(sch, mm):

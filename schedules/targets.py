@@ -90,6 +90,8 @@ def _cpu_table(mcpu: str, mattr: tuple) -> dict:
         # micro-kernel height MR: MR x mm_col_vectors accumulators, plus the B vectors and the A
         # broadcast, fit the registers (AVX-512: 8 x 2 of 32; AVX2: 4 x 2 of 16, measured best)
         mm_rows=8 if regs >= 32 else 4,
+        # ... or as few as this where that pads at least 5% of M fewer rows (cpu_matmul.row_tile)
+        mm_rows_min=6 if regs >= 32 else 3,
         # ... x this many output columns: an accumulator per (column, channel vector), plus the
         # weight vectors and the input broadcast, fit the registers, up to conv_max_accumulators
         # (AVX2 2 x 6, AVX-512 2 x 8). Measured on AVX2 over ResNet-50's convs: 57 GFLOP/s with
