@@ -39,12 +39,13 @@ _COMMON = {
     # a 1x1 conv whose rows fill less than this % of the conv tile's columns runs as a matmul over
     # its pixels (passes/conv1x1_matmul.py; AVX2: 7-wide rows fill 58%, 14-wide 78%)
     "conv1x1_matmul_fill": 70,
-    # Winograd F(2x2, 3x3) for 3x3 stride-1 convs with a constant weight (passes/winograd.py), on
-    # maps at least this wide, with a transformed weight (16/9 of W) of at most this many MiB
+    # Winograd F(m x m, 3x3) for 3x3 stride-1 convs with a constant weight (passes/winograd.py), on
+    # maps at least this wide, with the tile m (of these) that does the fewest multiply-adds, whose
+    # transformed weight ((m+2)²/9 of W) is at most this many MiB
     "winograd": 1,
-    "winograd_min_map": 8,
+    "winograd_min_map": 7,
     "winograd_tiles": (4, 2),
-    "winograd_max_weight_mib": 8,
+    "winograd_max_weight_mib": 16,
     "pool_max_window": 64,  # cpu.Pool: window elements unrolled per output vector (3x3, 7x7)
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
     "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);

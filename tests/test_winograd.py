@@ -38,6 +38,46 @@ def test_winograd_conv_matches_pytorch(c, o, h, w, fusion):
     np.testing.assert_allclose(compiled(xv), _reference(xv, wv, bv, padding=1), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("c,o,h,w,m", [(16, 16, 56, 56, 4), (32, 32, 7, 7, 4), (64, 64, 9, 9, 4),
+                                        (256, 256, 14, 14, 4), (512, 512, 7, 7, 2)])
+def test_the_tile_is_the_one_with_the_fewest_multiply_adds_under_the_weight_limit(c, o, h, w, m):
+    """F(4x4) where its weight is under winograd_max_weight_mib (36/9 of W: 512x512 is 36 MiB) and it
+    does fewer multiply-adds; F(2x2) otherwise (7x7 at 512 channels: 16 MiB)."""
+    import schedules.targets as targets
+    from tvmfuse.passes.winograd import _tile
+
+    assert _tile(c, h, w, o, targets.cpu_table()) == m
+
+
+def test_f4_tile_choice_is_refused_with_its_reason(monkeypatch):
+    import schedules.targets as targets
+    from tvmfuse.passes.winograd import _tile
+
+    table = targets.cpu_table()
+    monkeypatch.setitem(table, "winograd_max_weight_mib", 1)
+    assert _tile(128, 28, 28, 128, table) == 2  # F(4x4): 2.25 MiB; F(2x2): 1 MiB
+    monkeypatch.setitem(table, "winograd_max_weight_mib", 0)
+    assert "winograd_max_weight_mib=0" in _tile(128, 28, 28, 128, table)
+
+
+@pytest.mark.parametrize("m", [2, 4])
+def test_winograd_tiles_match_pytorch_at_every_tile_size(m, monkeypatch):
+    """Each tile size alone on a ragged map (13x11: partial tiles, sliced) and a whole one."""
+    import schedules.targets as targets
+
+    monkeypatch.setitem(targets.cpu_table(), "winograd_tiles", (m,))
+    for c, o, h, w in [(24, 40, 13, 11), (32, 32, 16, 16)]:
+        rng = np.random.default_rng(m + h)
+        wv = (rng.standard_normal((o, c, 3, 3)) * 0.2).astype("float32")
+        bv = rng.standard_normal((1, o, 1, 1)).astype("float32")
+        xv = rng.standard_normal((1, c, h, w)).astype("float32")
+        compiled = tvmfuse.build(_module(c, o, h, w, wv, bv), "llvm", "tvmfuse")
+        assert WINOGRAD_RULES <= _rules(compiled)
+        matmul = next(f for gv, f in compiled.mod.functions_items() if "matmul" in gv.name_hint)
+        assert int(matmul.params[0].ty.shape[0]) == (m + 2) ** 2  # n² batches
+        np.testing.assert_allclose(compiled(xv), _reference(xv, wv, bv, padding=1), rtol=1e-4, atol=1e-4)
+
+
 def test_transformed_weight_is_g_w_gt():
     """U[4a+b, c, o] = (G W[o, c] Gᵀ)[a, b]: its column sums give back W's row sums (G's rows 1, 2
     average the taps: 0.5 + 0.5 of each), and a delta kernel maps to G's outer products."""
@@ -67,19 +107,19 @@ def test_winograd_must_not_fire(kw, why):
 
 
 def test_small_maps_and_large_weights_stay_direct(monkeypatch):
-    """Profitability: a 7x7 map (under winograd_min_map) stays a direct conv, and so does a conv
+    """Profitability: a 6x6 map (under winograd_min_map) stays a direct conv, and so does a conv
     whose transformed weight is over winograd_max_weight_mib; TVMFUSE_CPU_WINOGRAD=0 turns it off."""
     import schedules.targets as targets
 
     rng = np.random.default_rng(2)
     wv = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
     bv = np.zeros((1, 16, 1, 1), "float32")
-    small = tvmfuse.build(_module(16, 16, 7, 7, wv, bv), "llvm", "tvmfuse")
+    small = tvmfuse.build(_module(16, 16, 6, 6, wv, bv), "llvm", "tvmfuse")
     assert not WINOGRAD_RULES & _rules(small)
     table = targets.cpu_table()
     monkeypatch.setitem(table, "winograd_max_weight_mib", 0)
     assert not WINOGRAD_RULES & _rules(tvmfuse.build(_module(16, 16, 10, 10, wv, bv), "llvm", "tvmfuse"))
-    monkeypatch.setitem(table, "winograd_max_weight_mib", 8)
+    monkeypatch.setitem(table, "winograd_max_weight_mib", 16)
     monkeypatch.setitem(table, "winograd", 0)
     assert not WINOGRAD_RULES & _rules(tvmfuse.build(_module(16, 16, 10, 10, wv, bv), "llvm", "tvmfuse"))
 

@@ -1,30 +1,38 @@
-"""Winograd3x3: a 3x3, stride-1 conv2d with a constant weight becomes Winograd's F(2x2, 3x3): an
-input transform, 16 matmuls over the tiles (one batched matmul) and an output transform.
+"""Winograd3x3: a 3x3, stride-1 conv2d with a constant weight becomes Winograd's F(m x m, 3x3),
+m = 4 or 2: an input transform, n² = (m+2)² matmuls over the tiles (one batched matmul) and an
+output transform.
 
 Contract. In every Relax function, a binding `y = conv2d(x, W)` is rewritten when it is legal
 (`_legal`: NCHW / OIHW / NCHW, a 3x3 kernel, stride 1, dilation 1, groups 1, padding 1 on every
-side, batch 1, a constant float32 W, static C, H, W and O) and profitable on the target
-(`_profitable`), into
+side, batch 1, a constant float32 W, static C, H, W and O) and profitable on the target (`_tile`
+picks m), into
 
-  V  = call_tir(input_transform, x)         # [16, th*tw, C]: Bᵀ d B of every 4x4 input tile d
-  M  = matmul(V, U)                         # U = G W Gᵀ: a constant [16, C, O], made here
-  Y  = call_tir(output_transform, M)        # [th, 2, tw, 2, O]: Aᵀ m A of every tile
-  y  = permute_dims(reshape(Y), NCHW)       # (sliced to H x W when they are odd)
+  V  = call_tir(input_transform, x)         # [n², th*tw, C]: Bᵀ d B of every n x n input tile d
+  M  = matmul(V, U)                         # U = G W Gᵀ: a constant [n², C, O], made here
+  Y  = call_tir(output_transform, M)        # [th, m, tw, m, O]: Aᵀ M A of every tile
+  y  = permute_dims(reshape(Y), NCHW)       # (sliced to H x W when m does not divide them)
 
 The transforms are TE computes scheduled here (channel-last, so every load and store is a whole
-vector; the NCHW input is transposed once, in the input transform) and marked opaque to fusion;
-the matmul takes `cpu.Matmul` with U packed at build time; the layout change back to NCHW is an
-ordinary op that fuses with whatever follows the conv (bias, activation, residual).
+vector; the NCHW input is transposed once, in the input transform; its Bᵀ d B in two passes, rows
+then columns, in registers) and marked opaque to stock fusion; the matmul takes `cpu.Matmul` with
+U packed at build time. The layout change back to NCHW is an ordinary op that stock fusion fuses
+with whatever follows the conv (bias, activation, residual); the tvmfuse variant fuses it, and
+that chain, into the output transform (passes/fuse_winograd_epilogue.py).
 
-Numerics: in exact arithmetic this is the conv's sum regrouped: Bᵀ and Aᵀ hold only 0 and ±1, G
-only 0, ±1 and ±1/2 (exact in binary), so the result differs from the direct conv by the rounding
-of a regrouped sum (max relative error about 1e-6 at ResNet's sizes). `TVMFUSE_CPU_WINOGRAD=0`
-turns the pass off.
+Numerics: in exact arithmetic this is the conv's sum regrouped. F(2x2): Bᵀ and Aᵀ hold only 0 and
+±1, G only 0, ±1 and ±1/2 (exact in binary); max relative error about 1e-6 at ResNet's sizes.
+F(4x4) (points 0, ±1, ±2): Bᵀ and Aᵀ hold integers up to 8, G is applied in float64 at build time;
+max error relative to the output's largest value 5e-6 to 2e-5 at 64 to 512 channels.
+`TVMFUSE_CPU_WINOGRAD=0` turns the pass off.
 
-Why: each 2x2 output tile costs 16 multiply-adds per (in, out) channel pair instead of 36, a 2.25x
-cut in the hot loop's FLOPs; the transforms move O(C·H·W) bytes. Profitability refuses maps
-narrower than `winograd_min_map` (the tiles of a 7x7 map waste a quarter of the matmul) and a
-transformed weight (16/9 of W) over `winograd_max_weight_mib` (it is read from memory each call).
+Why: an m x m output tile costs n² multiply-adds per (in, out) channel pair instead of 9 m²: a
+2.25x cut for F(2x2), 4x for F(4x4); the transforms move O(C·H·W) bytes. `_tile` takes the m of
+`winograd_tiles` whose matmul does the fewest multiply-adds (the tiles of a ragged map padded),
+refusing maps narrower than `winograd_min_map` and transformed weights (n²/9 of W) over
+`winograd_max_weight_mib` (read from memory each call). znver4, one conv in-process, ms:
+64ch 56x56 direct 1.06 / F(2x2) 0.69 / F(4x4) 0.46; 128ch 28x28 1.05 / 0.61 / 0.42; 512ch 7x7
+1.07 / 0.63 / 0.52 (F(4x4)'s 36 MiB weight is refused: on the whole of ResNet-50 it bought 0.6%
+over F(2x2) for 72 MiB more constants).
 
 Must not fire: a strided, dilated, grouped or non-NCHW conv, padding other than 1, a kernel other
 than 3x3, a non-constant weight, batch other than 1, a symbolic dim, a non-float32 dtype, and a
