@@ -6,11 +6,12 @@
                   BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
                   conv/matmul weights; 1x1 convs on small                      passes/conv1x1_matmul.py,
                   maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
-                  Winograd F(2x2, 3x3) (llvm) (every variant alike)
+                  Winograd F(4x4) / F(2x2) (llvm) (every variant alike)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
                   plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
-                  is stamped on the module)                                      te_compose.py
+                  is stamped on the module); Winograd output + epilogue as one   te_compose.py,
+                  kernel                                                         fuse_winograd_epilogue.py
   mark_constants  which PrimFunc parameters are constant weights                passes/prepack_weights.py
   apply_tuning    MetaSchedule records (tuning_logs/) that beat the default     tuning/apply.py
   schedule        default schedule rules per target (decline -> next rule,      schedules/
