@@ -12,10 +12,14 @@ Rules, in order, each able to decline:
                   window unrolled into a vector register of outputs (cpu_pool.py)
   Fallback   - any other func: inline injective stages, parallelise each root block's leading spatial
                loops and vectorize a spatial innermost loop when it is contiguous and divisible
+  AsWritten  - what even Fallback declines: a kernel TOPI wrote with its own loops (an opaque block:
+               cumsum, sort, scatter) that already runs a loop in parallel, kept as written (a scan
+               is serial along its axis); one with only serial loops is left unscheduled, with a warning
 The same rules are applied to every fusion variant, so comparisons between variants are fair.
 """
 from __future__ import annotations
 
+import tvm
 from tvm import s_tir
 
 from .cpu_attention import Attention
@@ -40,6 +44,30 @@ class Injective(ScheduleRule):
         return sch.mod["main"]
 
 
+class AsWritten(ScheduleRule):
+    """Declines unless the function already has a parallel loop: TOPI's hand-written kernels
+    (`ir_builder`: cumsum's scan is parallel over the other axes, serial along its own) carry their
+    own schedule in an opaque block the block rules cannot read. A function with only serial loops
+    is declined, so a naive loop still reaches Fallback, or the "left unscheduled" warning."""
+    name = "cpu.AsWritten"
+
+    def apply(self, func, target):
+        return func if _has_parallel_loop(func.body) else None
+
+
+def _has_parallel_loop(stmt) -> bool:
+    """Whether a For of kind parallel is anywhere in `stmt` (blocks, sequences, branches, lets)."""
+    if isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL:
+        return True
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return any(_has_parallel_loop(s) for s in stmt.seq)
+    for field in ("block", "body", "then_case", "else_case", "init"):
+        child = getattr(stmt, field, None)
+        if isinstance(child, tvm.tirx.Stmt) and _has_parallel_loop(child):
+            return True
+    return False
+
+
 class Fallback(ScheduleRule):
     name = "cpu.Fallback"
 
@@ -57,4 +85,4 @@ class Fallback(ScheduleRule):
 
 
 RULES = [Attention(), Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(),
-         Pool(), Fallback()]
+         Pool(), Fallback(), AsWritten()]

@@ -425,3 +425,29 @@ def test_padding_epilogue_of_a_ragged_matmul_writes_its_border(dtype):
     lib["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(wv), out)
     ref = np.pad(1 / (1 + np.exp(-(xv.astype("float64") @ wv)[..., :1])), [(0, 0), (0, 0), (1, 0), (0, 0)])
     np.testing.assert_allclose(out.numpy().astype("float64"), ref, rtol=2e-3, atol=2e-3)
+
+
+def test_topis_own_parallel_scan_is_kept_as_written_and_a_serial_loop_is_not(caplog):
+    """cumsum (GPT-2's and Llama's position ids) is TOPI's ir_builder kernel: an opaque block with a
+    loop parallel over the other axes and a serial scan. No block rule can read it; cpu.AsWritten
+    keeps it (no "left unscheduled" warning), in every variant, and it stays right. A hand-written
+    kernel whose loops are all serial is declined by it."""
+    from schedules.cpu import AsWritten
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 37), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.cumsum(relax.op.multiply(x, relax.const(2.0, "float32")), axis=1))
+        bb.emit_func_output(out)
+    xv = np.random.default_rng(0).random((4, 37)).astype("float32")
+    for fusion in ("none", "tvm", "tvmfuse"):
+        with caplog.at_level(logging.WARNING, logger="tvmfuse.schedule"):
+            c = tvmfuse.build(bb.get(), "llvm", fusion)
+        assert "left unscheduled" not in caplog.text
+        assert _rules(c)["cumsum"] == "cpu.AsWritten", _rules(c)
+        np.testing.assert_allclose(c(xv), np.cumsum(2 * xv, axis=1), rtol=1e-5)
+
+    a = te.placeholder((8,), "float32", name="a")
+    serial = te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0, name="b")])  # loops all serial
+    assert AsWritten().apply(serial, tvm.target.Target("llvm")) is None
