@@ -37,7 +37,7 @@ from tvm import relax, s_tir, te
 from ..classify import BROADCAST, ELEMENTWISE, classify_call
 from ..relax_utils import dims, static_ints
 from ..te_compose import NotComposable, OpToTE
-from .winograd import WINOGRAD_ATTR, _mark, _vector, output_compute
+from .winograd import WINOGRAD_ATTR, _mark, _rows_at, _vector, output_compute
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -128,10 +128,10 @@ def _schedule(func, sz):
 
     m = sz["m"]
     sch = s_tir.Schedule(func)
-    infos = inline_injective(sch, keep=lambda *_: False)
-    if infos is None or len(infos) != 1:
-        raise NotComposable(f"the fused chain did not inline to one block ({infos and len(infos)} left)")
-    k, i, j = sch.get_loops(infos[0].block_rv)[-3:]  # (the batch loop of extent 1 may be gone)
+    infos = inline_injective(sch, keep=lambda s, info: s.get(info.block_rv).name_hint == "S")
+    if infos is None or len(infos) != 2:
+        raise NotComposable(f"the fused chain did not inline to S and one block ({infos and len(infos)} left)")
+    k, i, j = sch.get_loops(infos[-1].block_rv)[-3:]  # (the batch loop of extent 1 may be gone)
     ty, u = sch.split(i, [None, m])
     tx, v = sch.split(j, [None, m])
     k0, k1 = sch.split(k, [None, _vector(sz["o"], sz["lanes"])])
@@ -140,6 +140,7 @@ def _schedule(func, sz):
     sch.unroll(u)
     sch.unroll(v)
     sch.vectorize(k1)
+    _rows_at(sch, k0)
     return _mark(sch.mod["main"], "winograd.OutputTransform")
 
 
