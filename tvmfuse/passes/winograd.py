@@ -13,8 +13,8 @@ picks m), into
   y  = permute_dims(reshape(Y), NCHW)       # (sliced to H x W when m does not divide them)
 
 The transforms are TE computes scheduled here (channel-last, so every load and store is a whole
-vector; the NCHW input is transposed once, in the input transform; its Bᵀ d B in two passes, rows
-then columns, in registers) and marked opaque to stock fusion; the matmul takes `cpu.Matmul` with
+vector; the NCHW input is transposed once, in the input transform; Bᵀ d B and Aᵀ M A each in two
+passes, rows then columns, in registers) and marked opaque to stock fusion; the matmul takes `cpu.Matmul` with
 U packed at build time. The layout change back to NCHW is an ordinary op that stock fusion fuses
 with whatever follows the conv (bias, activation, residual); the tvmfuse variant fuses it, and
 that chain, into the output transform (passes/fuse_winograd_epilogue.py).
