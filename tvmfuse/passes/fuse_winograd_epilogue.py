@@ -37,7 +37,7 @@ from tvm import relax, s_tir, te
 from ..classify import BROADCAST, ELEMENTWISE, classify_call
 from ..relax_utils import dims, static_ints
 from ..te_compose import NotComposable, OpToTE
-from .winograd import WINOGRAD_ATTR, _mark, _rows_at, _vector, output_compute
+from .winograd import WINOGRAD_ATTR, _mark, output_compute, schedule_tiles
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -121,9 +121,8 @@ def _kernel(mod, bindings, y_pos, links, sz):
 
 
 def _schedule(func, sz):
-    """Every stage inlined into the NCHW output; its loops as the transform's: tile rows in
-    parallel, tiles, channel vectors, the tile's m x m outputs unrolled (the selects fold), each
-    channel vector stored to its NCHW rows."""
+    """Every stage but S (the transform's first pass) inlined into the NCHW output, whose loops are
+    the transform's own (winograd.schedule_tiles): each channel vector stored to its NCHW rows."""
     from schedules.common import inline_injective
 
     m = sz["m"]
@@ -134,13 +133,7 @@ def _schedule(func, sz):
     k, i, j = sch.get_loops(infos[-1].block_rv)[-3:]  # (the batch loop of extent 1 may be gone)
     ty, u = sch.split(i, [None, m])
     tx, v = sch.split(j, [None, m])
-    k0, k1 = sch.split(k, [None, _vector(sz["o"], sz["lanes"])])
-    sch.reorder(ty, tx, k0, u, v, k1)
-    sch.parallel(ty)
-    sch.unroll(u)
-    sch.unroll(v)
-    sch.vectorize(k1)
-    _rows_at(sch, k0)
+    schedule_tiles(sch, ty, u, tx, v, k, sz["o"], sz["lanes"])
     return _mark(sch.mod["main"], "winograd.OutputTransform")
 
 

@@ -179,13 +179,7 @@ def input_transform(c, h, w, lanes, m=2):
     sch.parallel(p)
     sch.unroll(ab)
     sch.vectorize(k1)
-    tb = sch.get_sblock("T")
-    sch.compute_at(tb, k0)
-    sch.set_scope(tb, 0, "local")
-    a, j, _, kk = sch.get_loops(tb)[-4:]
-    sch.unroll(a)
-    sch.unroll(j)
-    sch.vectorize(kk)
+    _in_registers(sch, "T", k0)
     return _mark(sch.mod["main"], "winograd.InputTransform")
 
 
@@ -208,15 +202,29 @@ def output_compute(mm, o, h, w, m, index="int32"):
         name="Y")
 
 
-def _rows_at(sch, loop):
-    """Stage S computed per tile and channel vector under `loop`, in registers, fully unrolled."""
-    sb = sch.get_sblock("S")
-    sch.compute_at(sb, loop)
-    sch.set_scope(sb, 0, "local")
-    u, b, _, k = sch.get_loops(sb)[-4:]
-    sch.unroll(u)
-    sch.unroll(b)
+def _in_registers(sch, stage, loop):
+    """A transform's first pass (stage T or S: [n or m, n, tiles, C]) computed per tile and channel
+    vector under `loop`, in registers: its two small dims unrolled, the channels vectorized."""
+    block = sch.get_sblock(stage)
+    sch.compute_at(block, loop)
+    sch.set_scope(block, 0, "local")
+    r, c, _, k = sch.get_loops(block)[-4:]
+    sch.unroll(r)
+    sch.unroll(c)
     sch.vectorize(k)
+
+
+def schedule_tiles(sch, ty, u, tx, v, k, channels, lanes):
+    """The output transform's loops (tile row, row in tile, tile, column in tile, channel): tile rows
+    in parallel, then tiles, channel vectors, the tile's m x m outputs unrolled (the selects fold),
+    stage S in registers under them."""
+    k0, k1 = sch.split(k, [None, _vector(channels, lanes)])
+    sch.reorder(ty, tx, k0, u, v, k1)
+    sch.parallel(ty)
+    sch.unroll(u)
+    sch.unroll(v)
+    sch.vectorize(k1)
+    _in_registers(sch, "S", k0)
 
 
 def output_transform(o, h, w, lanes, m=2):
@@ -226,14 +234,7 @@ def output_transform(o, h, w, lanes, m=2):
     mm = te.placeholder((n * n, th * tw, o), "float32", name="M")
     y = output_compute(mm, o, h, w, m)
     sch = s_tir.Schedule(te.create_prim_func([mm, y]))
-    ty, u, tx, v, k = sch.get_loops(sch.get_sblock("Y"))
-    k0, k1 = sch.split(k, [None, _vector(o, lanes)])
-    sch.reorder(ty, tx, k0, u, v, k1)
-    sch.parallel(ty)
-    sch.unroll(u)
-    sch.unroll(v)
-    sch.vectorize(k1)
-    _rows_at(sch, k0)
+    schedule_tiles(sch, *sch.get_loops(sch.get_sblock("Y")), o, lanes)
     return _mark(sch.mod["main"], "winograd.OutputTransform").with_attr(
         WINOGRAD_ATTR, {"o": o, "h": h, "w": w, "m": m, "lanes": lanes})
 
