@@ -1,7 +1,8 @@
 """tvmfuse: operator fusion, default schedules and measurement on Apache TVM Relax."""
-from .target import use_all_cores as _use_all_cores
+from .target import bound_spinning as _bound_spinning, use_all_cores as _use_all_cores
 
 _use_all_cores()  # before any TVM kernel runs: TVM's default thread pool is half the cores on x86
+_bound_spinning()  # ... and its idle workers spin ~75 ms after every call, taking the cores
 
 from . import workloads
 from .build import Compiled, build, prepare

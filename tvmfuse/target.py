@@ -40,6 +40,22 @@ def runtime_threads() -> int:
     return num_cores()
 
 
+# Yields a TVM pool worker spins through after its task before it sleeps (TVM_THREAD_POOL_SPIN_COUNT).
+# TVM's default, 300000, kept both workers spinning for ~75 ms after every call: 150 ms of CPU burnt
+# in 200 ms idle, taken from whatever else the process runs (PyTorch around a torch.compile
+# backend, the benchmark's peers). 0 wakes the workers with a futex for every kernel launch:
+# MobileNetV2's 54 launches ran 6.06 ms instead of 4.91. 100 yields (well under 0.1 ms here) keep
+# the workers awake across back-to-back launches and let them sleep once the model returns: 4.91
+# ms, 0.1 ms of CPU burnt after a call (znver4, 2 threads, scripts/bench.py's timing loop).
+SPIN_COUNT = 100
+
+
+def bound_spinning() -> None:
+    """Have TVM's CPU workers spin SPIN_COUNT yields between kernels, then sleep, unless the user
+    set TVM_THREAD_POOL_SPIN_COUNT. Read once, when the pool starts: tvmfuse sets it on import."""
+    os.environ.setdefault("TVM_THREAD_POOL_SPIN_COUNT", str(SPIN_COUNT))
+
+
 def use_all_cores() -> None:
     """Size TVM's CPU thread pool to num_cores() unless the user chose (TVM_NUM_THREADS or
     OMP_NUM_THREADS set). TVM's own default on x86 is half the logical CPUs, on the assumption of
