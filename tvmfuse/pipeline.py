@@ -4,7 +4,8 @@
   normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
   fold_constants  constants folded; explicit zero pads into the conv's padding; passes/fold_padding.py,
                   BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
-                  conv/matmul weights; 1x1 convs on small                      passes/conv1x1_matmul.py,
+                  conv/matmul weights; constant operands cut to the axes they  shrink_constant_operands.py
+                  vary along; 1x1 convs on small                               passes/conv1x1_matmul.py,
                   maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
                   Winograd F(4x4) / F(2x2) (llvm) (every variant alike)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
@@ -73,12 +74,15 @@ def constant_passes() -> list:
     """Build-time work on constants, the same for every variant (so variants still compare fusion):
     constant subgraphs evaluated (a transposed weight becomes a constant in the layout it is read),
     explicit zero pads folded into the conv they feed, inference BatchNorm and other per-channel
-    affine chains folded into conv / matmul weights."""
+    affine chains folded into conv / matmul weights, constant operands of elementwise ops cut to
+    the axes they vary along (an all-zero attention mask dropped)."""
     from .passes.fold_batch_norm import FoldBatchNorm
     from .passes.fold_constants import fold_all
     from .passes.fold_padding import FoldExplicitPadding
+    from .passes.shrink_constant_operands import ShrinkConstantOperands
 
-    return [fold_all(), FoldExplicitPadding, FoldBatchNorm, relax.transform.DeadCodeElimination()]
+    return [fold_all(), FoldExplicitPadding, FoldBatchNorm, ShrinkConstantOperands,
+            relax.transform.DeadCodeElimination()]
 
 
 def graph_passes(fusion: str, knobs: config.Knobs | None = None) -> list:

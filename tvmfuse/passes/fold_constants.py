@@ -7,10 +7,11 @@ foldable when:
     function or a call of a Relax function;
   - every argument is a Constant, a foldable var, or a non-tensor literal (shape, PrimValue)
     without symbolic variables;
-  - at least one argument is a tensor Constant or foldable var (creation ops stay ops);
-  - its result is a tensor of static shape, at most `GROWTH` times the elements of its tensor
-    inputs or at most `SMALL` elements (a broadcast of a scalar to a large tensor is not made a
-    large constant).
+  - its result is a tensor of static shape of at most `SMALL` elements, or at most `GROWTH` times
+    the elements of its tensor inputs (a broadcast of a scalar to a large tensor is not made a
+    large constant). A creation op (arange, full) with no tensor input folds under the first rule
+    only: transformers builds BERT's attention mask from an arange, and folded, an all-zero mask
+    can go (passes/shrink_constant_operands.py).
 The foldable vars that anything else uses (a later binding that is not foldable, a later block,
 the function's result) are computed by one Relax function, built once with relax.build for the
 host and run once; each of those bindings becomes its Constant, every use reads the Constant
@@ -65,7 +66,7 @@ def _foldable(bd, known, prim_funcs) -> bool:
         return False
     tensors_in = 0
     for a in args:
-        if isinstance(a, tvm.ir.expr.Constant) or (isinstance(a, relax.Var) and a in known):
+        if isinstance(a.ty, relax.TensorType) and (isinstance(a, tvm.ir.expr.Constant) or a in known):
             n = _static_numel(a.ty)
             if n is None:
                 return False
@@ -74,7 +75,7 @@ def _foldable(bd, known, prim_funcs) -> bool:
             return False
         elif relax.analysis.free_vars(a) or relax.analysis.free_symbolic_vars(a):
             return False
-    return tensors_in > 0 and (out <= SMALL or out <= GROWTH * tensors_in)
+    return out <= SMALL or (tensors_in > 0 and out <= GROWTH * tensors_in)
 
 
 def _plan(func, prim_funcs):
