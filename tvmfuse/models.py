@@ -57,8 +57,10 @@ def _trained_like(module):
     LayerNorm's ones, ConvNeXt's 1e-6 layer scale) spread by 2% of its value (of 1 for a zero), as
     training would leave it: build-time passes that drop identities (`x + 0`, `x * 1`,
     passes/shrink_constant_operands.py) then meet what a trained model holds, not an artifact of
-    random initialization. Seeded: the same module every time."""
-    torch = _torch()
+    random initialization. Seeded by its own generator: the same module every time, and the global
+    seed the builders set (_torch) left as they left it."""
+    import torch
+
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for p in module.parameters():
