@@ -39,13 +39,18 @@ _COMMON = {
     # a 1x1 conv whose rows fill less than this % of the conv tile's columns runs as a matmul over
     # its pixels (passes/conv1x1_matmul.py; AVX2: 7-wide rows fill 58%, 14-wide 78%)
     "conv1x1_matmul_fill": 70,
-    # Winograd F(m x m, 3x3) for 3x3 stride-1 convs with a constant weight (passes/winograd.py), on
+    # Winograd F(m x m, 3x3) for 3x3 stride-1 convs (passes/winograd.py), on
     # maps at least this wide, with the tile m (of these) that does the fewest multiply-adds, whose
     # transformed weight ((m+2)²/9 of W) is at most this many MiB
     "winograd": 1,
     "winograd_min_map": 7,
     "winograd_tiles": (4, 2),
     "winograd_max_weight_mib": 16,
+    # ... and for a weight that is an input (transformed on every call): at least this many FLOPs
+    # saved per byte that transform and the packing of its result move. A saved multiply-add costs
+    # about 4 ps at 200+ GFLOP/s and a byte from memory 25-30 ps at 35-40 GB/s (2 cores): 16 is
+    # twice that break-even (zoo's 64ch 56x56: 90, ResNet's 128ch 28x28: 23, 256ch 14x14: 5-8)
+    "winograd_runtime_flops_per_byte": 16,
     "pool_max_window": 64,  # cpu.Pool: window elements unrolled per output vector (3x3, 7x7)
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
     "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);

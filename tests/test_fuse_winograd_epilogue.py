@@ -128,3 +128,60 @@ def test_other_variants_and_other_call_tirs_are_left_alone():
     for fusion in ("none", "tvm"):
         rules = kernel_rules(tvmfuse.build(mod, "llvm", fusion))
         assert "winograd_output" in rules and not any(k.startswith("fused_winograd") for k in rules), rules
+
+
+def _bn_module(c, h, w, wv, statistics_out=False):
+    """main(x, gamma, beta, mean, var) = batch_norm(relu(conv2d(x, W)), ...)[0] + x, the statistics
+    inputs (FoldBatchNorm cannot fold them); `statistics_out`: the new mean is an output as well."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, c, h, w), "float32"))
+    stats = [relax.Var(n, relax.TensorType((c,), "float32")) for n in ("gamma", "beta", "mean", "var")]
+    with bb.function("main", [x, *stats]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(bb.emit(relax.op.nn.conv2d(x, relax.const(wv), padding=1))))
+            bn = bb.emit(relax.op.nn.batch_norm(y, *stats, axis=1, epsilon=1e-5, training=False))
+            out = bb.emit(relax.op.add(bb.emit(relax.TupleGetItem(bn, 0)), x))
+            if statistics_out:
+                out = relax.Tuple([out, bb.emit(relax.TupleGetItem(bn, 1))])
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _bn_reference(xv, wv, g, b, mu, var):
+    y = torch.relu(_conv(xv, wv))
+    sh = (1, -1, 1, 1)
+    t = [torch.from_numpy(a).double().reshape(sh) for a in (g, b, mu, var)]
+    return ((y - t[2]) / torch.sqrt(t[3] + 1e-5) * t[0] + t[1] + torch.from_numpy(xv).double()).numpy()
+
+
+def test_a_batch_norm_of_input_statistics_joins_the_chain():
+    """relu, batch_norm (with its TupleGetItem) and the residual add in the output kernel: 3 kernels;
+    the graph after the pass calls the fused kernel on (M, x and the four statistics)."""
+    c, h, w = 16, 12, 12
+    wv, _, xv = _data(c, c, h, w, seed=5)
+    rng = np.random.default_rng(6)
+    g, b, mu = (rng.standard_normal(c).astype("float32") for _ in range(3))
+    var = (np.abs(rng.standard_normal(c)) + 0.5).astype("float32")
+    after = FuseWinogradEpilogue(fold_constants(_bn_module(c, h, w, wv)))
+    assert _calls(after["main"]) == ["winograd_input", "relax.matmul",
+                                     "fused_winograd_output_relu_batch_norm_add"], _calls(after["main"])
+    compiled = tvmfuse.build(_bn_module(c, h, w, wv), "llvm", "tvmfuse")
+    assert compiled.launches == 3, kernel_rules(compiled)
+    np.testing.assert_allclose(compiled(xv, g, b, mu, var), _bn_reference(xv, wv, g, b, mu, var), rtol=1e-4, atol=1e-4)
+
+
+def test_the_chain_stops_at_a_batch_norm_whose_statistics_are_read():
+    """The batch_norm's second output is a function output: the chain ends at the ReLU and the
+    batch_norm stays out of the output kernel; both outputs are right."""
+    c, h, w = 16, 10, 10
+    wv, _, xv = _data(c, c, h, w, seed=7)
+    rng = np.random.default_rng(8)
+    g, b, mu = (rng.standard_normal(c).astype("float32") for _ in range(3))
+    var = (np.abs(rng.standard_normal(c)) + 0.5).astype("float32")
+    after = FuseWinogradEpilogue(fold_constants(_bn_module(c, h, w, wv, statistics_out=True)))
+    assert "fused_winograd_output_relu" in _calls(after["main"]) and "relax.nn.batch_norm" in _calls(after["main"])
+    compiled = tvmfuse.build(_bn_module(c, h, w, wv, statistics_out=True), "llvm", "tvmfuse")
+    out = compiled(xv, g, b, mu, var)
+    np.testing.assert_allclose(out[0], _bn_reference(xv, wv, g, b, mu, var), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(out[1], mu, rtol=1e-6)

@@ -94,7 +94,7 @@ def test_transformed_weight_is_g_w_gt():
     (dict(padding=0), "unpadded"),
     (dict(dilation=2, padding=2), "dilated"),
     (dict(batch=2), "batch 2"),
-    (dict(const_weight=False), "a weight that is an input"),
+    (dict(const_weight=False), "a weight that is an input, on a map too small to pay for its transform"),
 ])
 def test_winograd_must_not_fire(kw, why):
     c = o = 16
@@ -129,3 +129,65 @@ def test_cuda_builds_keep_the_direct_conv():
     wv = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
     compiled = tvmfuse.build(_module(16, 16, 10, 10, wv, np.zeros((1, 16, 1, 1), "float32")), "cuda", "tvmfuse")
     assert not WINOGRAD_RULES & _rules(compiled)
+
+
+def _run_weight_transform(wv, m):
+    import tvm
+    from tvmfuse.passes.winograd import weight_transform
+
+    o, c = wv.shape[:2]
+    lib = tvm.compile(tvm.IRModule({"main": weight_transform(c, o, 16, m)}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(((m + 2) ** 2, c, o), "float32"))
+    lib["main"](tvm.runtime.tensor(wv), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("o,c", [(48, 16), (24, 8), (5, 3)])
+def test_the_run_time_weight_transform_is_the_build_time_one(m, o, c):
+    """winograd_weight (G W Gᵀ at run time, in float32) against transformed_weight (float64 at build
+    time): channel counts a whole vector, a part vector (24: 8 lanes) and none (5)."""
+    wv = np.random.default_rng(o + m).standard_normal((o, c, 3, 3)).astype("float32")
+    np.testing.assert_allclose(_run_weight_transform(wv, m), transformed_weight(wv, m), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fusion", ["none", "tvm", "tvmfuse"])
+@pytest.mark.parametrize("c,o,h,w", [(32, 32, 28, 28), (24, 40, 29, 27)])
+def test_a_weight_that_is_an_input_is_transformed_on_every_call(c, o, h, w, fusion):
+    """A conv whose weight is a function input (a model built with its parameters as inputs) runs
+    as Winograd where the FLOPs saved pay for transforming the weight each call: one more kernel
+    (winograd.WeightTransform); numerics against PyTorch on a whole and a ragged map, and the
+    second call with another weight gives that weight's conv (nothing is cached across calls)."""
+    rng = np.random.default_rng(c + h)
+    wv = (rng.standard_normal((o, c, 3, 3)) * 0.2).astype("float32")
+    bv = rng.standard_normal((1, o, 1, 1)).astype("float32")
+    xv = rng.standard_normal((1, c, h, w)).astype("float32")
+    compiled = tvmfuse.build(_module(c, o, h, w, wv, bv, const_weight=False), "llvm", fusion)
+    rules = _rules(compiled)
+    assert WINOGRAD_RULES | {"winograd.WeightTransform", "cpu.Matmul"} <= rules and "cpu.Conv2D" not in rules, rules
+    np.testing.assert_allclose(compiled(xv, wv), _reference(xv, wv, bv, padding=1), rtol=1e-4, atol=1e-4)
+    w2 = (rng.standard_normal((o, c, 3, 3)) * 0.2).astype("float32")
+    np.testing.assert_allclose(compiled(xv, w2), _reference(xv, w2, bv, padding=1), rtol=1e-4, atol=1e-4)
+
+
+def test_a_weight_that_is_an_input_is_refused_where_its_transform_costs_more(caplog):
+    """runtime_intensity: FLOPs saved per byte the per-call transform moves. 16 channels on a 10x10
+    map save too few (stays direct, the reason logged); 64 on 56x56 save 90 per byte (F(4x4))."""
+    import logging
+
+    import schedules.targets as targets
+    from tvmfuse.passes.winograd import _tile, runtime_intensity
+
+    table = targets.cpu_table()
+    assert runtime_intensity(64, 56, 56, 64, 4) == pytest.approx(90.4, abs=0.1)
+    assert _tile(64, 56, 56, 64, table, runtime_weight=True) == 4
+    assert _tile(16, 10, 10, 16, table) == 4  # a constant weight: transformed once, at build time
+    why = _tile(16, 10, 10, 16, table, runtime_weight=True)
+    assert isinstance(why, str) and "winograd_runtime_flops_per_byte" in why, why
+    rng = np.random.default_rng(4)
+    wv = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        compiled = tvmfuse.build(_module(16, 16, 10, 10, wv, np.zeros((1, 16, 1, 1), "float32"), const_weight=False),
+                                 "llvm", "tvmfuse")
+    assert "cpu.Conv2D" in _rules(compiled)
+    assert any("stays direct" in r.message and "winograd_runtime_flops_per_byte" in r.message for r in caplog.records)

@@ -11,7 +11,9 @@ becomes  ek = call_tir(fused, [M, operands...]), one PrimFunc built from one TE 
 transform's own TE (winograd.output_compute) read through the NCHW index, then each e_i's own TE
 (te_compose.OpToTE). The chain takes ops while the value so far has exactly one use, is not a
 block output, and its user is elementwise or broadcast (classify.py) to the same [1, O, H, W]
-shape; where it stops, the reason is logged. The layout change alone is fused too (no e_i). Each
+shape, or an inference batch_norm over channels whose tuple only gives its output (statistics
+that are inputs, so FoldBatchNorm left it; one link with its TupleGetItem); where it stops, the
+reason is logged. The layout change alone is fused too (no e_i). Each
 link must be the winograd pass's own: a reshape, permute or slice of any other form refuses the
 whole chain (logged) and the block is left as it was. Values and variables keep their identity:
 ek is the same Var, bound at the last link's position (every operand is bound before it).
@@ -92,6 +94,13 @@ def _epilogue(bindings, users, live, pos, shape):
         value = bindings[us[0]].value
         if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
             return chain, f"{bindings[us[0]].var.name} is not an op call"
+        if _op(value, "relax.nn.batch_norm"):  # with its TupleGetItem(., 0): one per-channel link
+            item = _batch_norm_output(bindings, users, live, us[0], shape)
+            if isinstance(item, str):
+                return chain, item
+            pos = item
+            chain += [us[0], item]
+            continue
         cls, why, _ = classify_call(value)
         if cls not in (ELEMENTWISE, BROADCAST):
             return chain, f"{value.op.name} is {cls}: {why}"
@@ -99,6 +108,21 @@ def _epilogue(bindings, users, live, pos, shape):
             return chain, f"{value.op.name} makes shape {dims(value.ty)}, not {shape}"
         pos = us[0]
         chain.append(pos)
+
+
+def _batch_norm_output(bindings, users, live, pos, shape):
+    """The position of `TupleGetItem(bn, 0)` when the batch_norm bound at `pos` is an inference
+    one over channels (axis 1) whose tuple is read only there, with the chain's shape; else why not."""
+    bn = bindings[pos]
+    if bool(bn.value.attrs.training) or int(bn.value.attrs.axis) != 1:
+        return f"{bn.var.name} is a batch_norm in training mode or over axis {int(bn.value.attrs.axis)}"
+    us = users[bn.var]
+    item = bindings[us[0]] if len(us) == 1 else None
+    if bn.var in live or item is None or not isinstance(item.value, relax.TupleGetItem) or item.value.index != 0:
+        return f"{bn.var.name}'s statistics outputs are read"
+    if dims(item.var.ty) != shape:
+        return f"batch_norm makes shape {dims(item.var.ty)}, not {shape}"
+    return us[0]
 
 
 def _kernel(mod, bindings, y_pos, links, sz):
@@ -159,7 +183,8 @@ def _rewrite_block(mod, bb, block, live):
             log.info("winograd output %s stays a kernel of its own: %s", b.var.name, err)
             continue
         last = (epilogue or layout)[-1]
-        names = [bindings[q].value.op.name.split(".")[-1] for q in epilogue]
+        names = [bindings[q].value.op.name.split(".")[-1] for q in epilogue
+                 if isinstance(bindings[q].value, relax.Call)]
         log.info("winograd output %s fused with its layout change and %s (the chain stops: %s)",
                  b.var.name, ", ".join(names) or "no epilogue", stop)
         gv = bb.add_func(func, "fused_winograd_output_" + "_".join(names) if names else "winograd_output_nchw")

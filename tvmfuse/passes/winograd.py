@@ -78,27 +78,37 @@ def _legal(call):
     if static_ints(a.padding) != [1, 1, 1, 1]:
         return f"padding {static_ints(a.padding)}"
     x, w = call.args
-    if not isinstance(w, tvm.ir.expr.Constant):
-        return "a weight that is not a constant"
     if not isinstance(x.ty, relax.TensorType) or x.ty.ndim != 4 or x.ty.shape is None:
         return "an input of unknown rank or shape"
-    wv = w.value.numpy()
-    if wv.ndim != 4 or wv.shape[2:] != (3, 3):
-        return f"a weight of shape {wv.shape}"
+    if isinstance(w, tvm.ir.expr.Constant):
+        wv = w.value.numpy()
+        wshape, wdtype = wv.shape, str(wv.dtype)
+    elif isinstance(w.ty, relax.TensorType) and w.ty.shape is not None:
+        wv, wshape, wdtype = None, static_ints(w.ty.shape.values), str(w.ty.dtype)
+        if wshape is None:
+            return "a weight of symbolic shape"
+        wshape = tuple(wshape)
+    else:
+        return "a weight of unknown shape"
+    if len(wshape) != 4 or wshape[2:] != (3, 3):
+        return f"a weight of shape {wshape}"
     dims = static_ints(x.ty.shape.values)
     if dims is None:
         return "a symbolic dim"
     if dims[0] != 1:
         return f"batch {dims[0]}"
-    if str(x.ty.dtype) != "float32" or str(wv.dtype) != "float32" or \
+    if str(x.ty.dtype) != "float32" or wdtype != "float32" or \
             str(a.out_dtype) not in ("", "void", "None", "float32"):
-        return f"dtypes {x.ty.dtype} x {wv.dtype} -> {a.out_dtype}"
-    return dims[1], dims[2], dims[3], wv.shape[0], wv
+        return f"dtypes {x.ty.dtype} x {wdtype} -> {a.out_dtype}"
+    return dims[1], dims[2], dims[3], wshape[0], wv
 
 
-def _tile(c, h, w, o, table):
+def _tile(c, h, w, o, table, runtime_weight=False):
     """The output tile m (of `winograd_tiles`) whose batched matmul does the fewest multiply-adds,
-    among those profitability allows; or the reason none is."""
+    among those profitability allows; or the reason none is. A `runtime_weight` (an input, not a
+    constant) is transformed on every call: the tile must also save at least
+    `winograd_runtime_flops_per_byte` FLOPs per byte that transform and the matmul's packing of U
+    move (`runtime_intensity`)."""
     if min(h, w) < table["winograd_min_map"]:
         return f"a {h}x{w} map is under winograd_min_map={table['winograd_min_map']}"
     best, why = None, None
@@ -108,10 +118,62 @@ def _tile(c, h, w, o, table):
             why = (f"its transformed weight for F({m}x{m}, 3x3), {mib:.1f} MiB, is over "
                    f"winograd_max_weight_mib={table['winograd_max_weight_mib']}")
             continue
+        if runtime_weight:
+            need = table["winograd_runtime_flops_per_byte"]
+            got = runtime_intensity(c, h, w, o, m)
+            if got < need:
+                why = (f"F({m}x{m}, 3x3) of a weight that is an input saves {got:.1f} FLOPs per byte of its "
+                       f"per-call weight transform, under winograd_runtime_flops_per_byte={need}")
+                continue
         work = (m + 2) ** 2 * -(-h // m) * -(-w // m)
         if best is None or work < best[0]:
             best = (work, m)
     return best[1] if best else why
+
+
+def runtime_intensity(c, h, w, o, m):
+    """FLOPs F(m x m, 3x3) saves over the direct conv, per byte that transforming a weight at run
+    time moves: W read (9·C·O floats), U written and read back by the matmul's packing, and the
+    packed copy written (3 · (m+2)²·C·O floats)."""
+    n2, tiles = (m + 2) ** 2, -(-h // m) * -(-w // m)
+    saved = 2 * c * o * (9 * h * w - n2 * tiles)
+    moved = 4 * c * o * (9 + 3 * n2)
+    return saved / moved
+
+
+def weight_transform(c, o, lanes, m=2):
+    """W [O, C, 3, 3] -> U [n², C, O] at run time, for a weight that is an input: U[n*a+b, k, q] =
+    (G W[q, k] Gᵀ)[a, b], each entry Σ G[a,i]·G[b,j]·W[q, k, i, j] with the products G[a,i]·G[b,j]
+    made in float64 at build time. Per input channel and vector of output channels, the 9 taps are
+    gathered into registers once (stage Wt), then the n² outputs (unrolled; the selects fold)."""
+    g, n = _MATRICES[m][1], m + 2
+    wt_in = te.placeholder((o, c, 3, 3), "float32", name="W")
+    wt = te.compute((c, 9, o), lambda k, t, q: wt_in[q, k, t // 3, t % 3], name="Wt")
+
+    def value(ab, k, q):
+        exprs = []
+        for a in range(n):
+            for b in range(n):
+                terms = [(g[a, i] * g[b, j], wt[k, 3 * i + j, q]) for i in range(3) for j in range(3)
+                         if g[a, i] * g[b, j] != 0]
+                exprs.append(_combine(terms))
+        return _select(ab, exprs)
+
+    u = te.compute((n * n, c, o), value, name="U")
+    sch = s_tir.Schedule(te.create_prim_func([wt_in, u]))
+    ab, k, q = sch.get_loops(sch.get_sblock("U"))
+    q0, q1 = sch.split(q, [None, _vector(o, lanes)])
+    sch.reorder(k, q0, ab, q1)
+    sch.parallel(k)
+    sch.unroll(ab)
+    sch.vectorize(q1)
+    block = sch.get_sblock("Wt")
+    sch.compute_at(block, q0)
+    sch.set_scope(block, 0, "local")
+    _, t, qv = sch.get_loops(block)[-3:]
+    sch.unroll(t)
+    sch.vectorize(qv)
+    return _mark(sch.mod["main"], "winograd.WeightTransform")
 
 
 def transformed_weight(w: np.ndarray, m: int = 2) -> np.ndarray:
@@ -252,23 +314,30 @@ def _rewrite(table):
         if isinstance(legal, str):
             return None
         c, h, w, o, wv = legal
-        m = _tile(c, h, w, o, table)
+        m = _tile(c, h, w, o, table, runtime_weight=wv is None)
         if isinstance(m, str):
             log.info("conv2d %dx%dx%d -> %d (3x3/1) stays direct: %s", c, h, w, o, m)
             return None
-        log.info("conv2d %dx%dx%d -> %d (3x3/1) as Winograd F(%dx%d, 3x3)", c, h, w, o, m, m)
-        return _winograd(builder, call.args[0], c, h, w, o, wv, max(1, int(table["vector_bytes"]) // 4), m)
+        log.info("conv2d %dx%dx%d -> %d (3x3/1) as Winograd F(%dx%d, 3x3)%s", c, h, w, o, m, m,
+                 "" if wv is not None else ", its weight (an input) transformed on every call")
+        lanes = max(1, int(table["vector_bytes"]) // 4)
+        if wv is not None:
+            u = relax.const(transformed_weight(wv, m))
+        else:
+            fw = builder.add_func(weight_transform(c, o, lanes, m), "winograd_weight")
+            u = builder.emit(relax.call_tir(fw, [call.args[1]], relax.TensorType(((m + 2) ** 2, c, o), "float32")))
+        return _winograd(builder, call.args[0], c, h, w, o, u, lanes, m)
 
     return rewrite
 
 
-def _winograd(bb, x, c, h, w, o, wv, lanes, m):
+def _winograd(bb, x, c, h, w, o, u, lanes, m):
     emit = bb.emit
     th, tw, n = -(-h // m), -(-w // m), m + 2
     fin = bb.add_func(input_transform(c, h, w, lanes, m), "winograd_input")
     fout = bb.add_func(output_transform(o, h, w, lanes, m), "winograd_output")
     v = emit(relax.call_tir(fin, [x], relax.TensorType((n * n, th * tw, c), "float32")))
-    mt = emit(relax.op.matmul(v, relax.const(transformed_weight(wv, m))))
+    mt = emit(relax.op.matmul(v, u))
     y = emit(relax.call_tir(fout, [mt], relax.TensorType((th, m, tw, m, o), "float32")))
     y = emit(relax.op.reshape(y, relax.ShapeExpr([1, m * th, m * tw, o])))
     y = relax.op.permute_dims(y, [0, 3, 1, 2])
