@@ -121,14 +121,31 @@ def schedule_spatial_block(sch, block_rv):
         if last % n == 0:
             sch.vectorize(sch.split(loops[-1], [None, n])[1])
         return
+    if len(loops) > 1 and last and last % n and last > 32 * n:
+        # a wide row that is no multiple of the vector (771 columns, a vocabulary of 50257): fused,
+        # every element would be a scalar with an index division; rows in parallel, each row whole
+        # vectors and then a scalar tail of last % n
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+        if (extent(sch, outer) or CPU["min_parallel_extent"]) >= CPU["min_parallel_extent"]:
+            sch.parallel(outer)
+        _vector_body_scalar_tail(sch, loops[-1], last, n)
+        return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
-    if ext is not None and ext % n == 0 and ext >= n * CPU["min_parallel_extent"]:
+    if ext is not None and ext >= n * CPU["min_parallel_extent"]:
+        if ext % n:  # a ragged total (a 1-d tensor of 1001): whole vectors in parallel, a scalar tail
+            fused = sch.loop_partition(fused, [ext - ext % n, None])[0]
         outer, inner = sch.split(fused, [None, n])
         sch.parallel(outer)
         sch.vectorize(inner)
     elif ext is None or ext >= CPU["min_parallel_extent"]:
         sch.parallel(fused)
+
+
+def _vector_body_scalar_tail(sch, loop, ext, n):
+    """`loop` (extent `ext`, no multiple of `n`) as whole vectors of n lanes, then ext % n scalars."""
+    body = sch.loop_partition(loop, [ext - ext % n, None])[0]
+    sch.vectorize(sch.split(body, [None, n])[1])
 
 
 def _tile_transpose(sch, block_rv, loops) -> bool:

@@ -51,6 +51,11 @@ _COMMON = {
     # about 4 ps at 200+ GFLOP/s and a byte from memory 25-30 ps at 35-40 GB/s (2 cores): 16 is
     # twice that break-even (zoo's 64ch 56x56: 90, ResNet's 128ch 28x28: 23, 256ch 14x14: 5-8)
     "winograd_runtime_flops_per_byte": 16,
+    # streaming (non-temporal) stores, x86 (passes/streaming_stores.py): a kernel whose working
+    # set is at least this % of the last-level cache streams each output of at least this %
+    # (an output that is a small part of a large working set, a gather's rows, stays cached)
+    "stream_working_set_pct": 100,
+    "stream_output_pct": 25,
     "pool_max_window": 64,  # cpu.Pool: window elements unrolled per output vector (3x3, 7x7)
     "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
     "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);
@@ -92,6 +97,9 @@ def _cpu_table(mcpu: str, mattr: tuple) -> dict:
     table = dict(_COMMON)
     table.update(
         vector_bytes=vbytes,  # the ISA's vector register width
+        # x86: a kernel whose working set is over the last-level cache writes its outputs with
+        # streaming (non-temporal) stores (passes/streaming_stores.py)
+        streaming_stores=int(_has("sse2", target)),
         vector_registers=regs,
         # micro-kernel height MR: MR x mm_col_vectors accumulators, plus the B vectors and the A
         # broadcast, fit the registers (AVX-512: 8 x 2 of 32; AVX2: 4 x 2 of 16, measured best)

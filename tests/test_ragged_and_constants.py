@@ -46,6 +46,26 @@ def _matmul_module(a_shape, b_shape, const_b=None, bias=False):
     return bb.get()
 
 
+@pytest.mark.parametrize("shape", [(300, 771), (16, 50257), (40009,), (3, 7, 1001)])
+def test_ragged_elementwise_rows_are_vectorized_with_a_scalar_tail(shape):
+    """An elementwise op whose rows are no multiple of the vector and too wide to unroll (771, a
+    vocabulary of 50257), or a 1-d extent (40009, prime): whole vectors in parallel and a scalar
+    tail, not a scalar loop with an index division per element; numerics against numpy."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.relu(relax.op.multiply(x, relax.const(0.5, "float32"))))
+        bb.emit_func_output(out)
+    compiled = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    (name, func), = [(gv.name_hint, f) for gv, f in compiled.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)
+                     and f.attrs and "tvmfuse.rule" in f.attrs]
+    text = func.script()
+    assert str(func.attrs["tvmfuse.rule"]) == "cpu.Injective" and "T.vectorized" in text and "T.parallel" in text, text
+    xv = RNG.standard_normal(shape).astype("float32")
+    np.testing.assert_array_equal(compiled(xv), np.maximum(xv * 0.5, 0))
+
+
 @pytest.mark.parametrize("m,k,n", [(13, 77, 1001), (7, 64, 50257), (1, 13, 77), (5, 3, 10), (197, 64, 13)])
 def test_ragged_matmul_takes_the_matmul_rule(m, k, n):
     x, w = RNG.standard_normal((m, k)).astype("float32"), RNG.standard_normal((k, n)).astype("float32")

@@ -18,6 +18,7 @@ from tvm import relax
 
 from . import config, debug, pipeline
 from .errors import DeviceUnavailableError, InputError
+from .passes.streaming_stores import register_pipeline
 from .relax_utils import call_tir_sites, static_shape
 from .target import resolve
 
@@ -75,7 +76,8 @@ def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: st
     session = debug.Session(config.debug_dir(debug_dir), name, opts.fusion, instruments)
     with opts.target, tvm.transform.PassContext(opt_level=3, instruments=session.instruments):
         stages = pipeline.run(mod, opts)
-        ex = tvm.compile(stages.mod, target=opts.target, relax_pipeline=pipeline.phase("codegen", opts))
+        ex = tvm.compile(stages.mod, target=opts.target, relax_pipeline=pipeline.phase("codegen", opts),
+                         tir_pipeline=register_pipeline())
         session.finish(ex, opts.target)
     return Compiled(stages.mod, ex, opts.target, opts.fusion, plan=stages.plan, planned=stages.planned,
                     debug_folder=session.folder)

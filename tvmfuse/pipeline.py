@@ -160,7 +160,13 @@ def phase_passes(phase: str, opts: Options) -> list:
     if phase == "codegen":
         from .passes.mark_noalias import MarkNoAlias
 
-        return lowering_passes(t) + [MarkNoAlias]
+        if t.kind.name != "llvm":
+            return lowering_passes(t) + [MarkNoAlias]
+        from .passes.streaming_stores import MarkStreamingStores
+        from .roofline import last_level_cache_bytes
+
+        return [MarkStreamingStores(schedules.targets.cpu_table(t), last_level_cache_bytes())] + \
+            lowering_passes(t) + [MarkNoAlias]
     raise ValueError(f"unknown phase {phase!r}; the phases are {PHASES}")
 
 
