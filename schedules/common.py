@@ -134,7 +134,7 @@ def schedule_spatial_block(sch, block_rv):
     ext = extent(sch, fused)
     if ext is not None and ext >= n * CPU["min_parallel_extent"]:
         if ext % n:  # a ragged total (a 1-d tensor of 1001): whole vectors in parallel, a scalar tail
-            fused = sch.loop_partition(fused, [ext - ext % n, None])[0]
+            fused = sch.loop_partition(fused, [ext - ext % n, None], preserve_unit_iters=False)[0]
         outer, inner = sch.split(fused, [None, n])
         sch.parallel(outer)
         sch.vectorize(inner)
@@ -144,7 +144,7 @@ def schedule_spatial_block(sch, block_rv):
 
 def _vector_body_scalar_tail(sch, loop, ext, n):
     """`loop` (extent `ext`, no multiple of `n`) as whole vectors of n lanes, then ext % n scalars."""
-    body = sch.loop_partition(loop, [ext - ext % n, None])[0]
+    body = sch.loop_partition(loop, [ext - ext % n, None], preserve_unit_iters=False)[0]
     sch.vectorize(sch.split(body, [None, n])[1])
 
 
