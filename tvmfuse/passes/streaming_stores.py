@@ -76,8 +76,12 @@ def helpers_ir(lanes: int) -> str:
 
 
 def _static_bytes(buf) -> int | None:
-    n = tvm.DataType(str(buf.dtype)).bits // 8
-    for d in buf.shape:
+    """Bytes of a buffer parameter of static shape; None for a symbolic shape or a scalar parameter."""
+    try:
+        n, shape = tvm.DataType(str(buf.dtype)).bits // 8, buf.shape
+    except AttributeError:  # a scalar parameter (a size the kernel takes): not a buffer
+        return None
+    for d in shape:
         if not isinstance(d, tvm.tirx.IntImm):
             return None
         n *= int(d)
@@ -102,8 +106,8 @@ def _accessed_buffers(func) -> tuple[set, set]:
 
 def stream_outputs(func, llc_bytes: int, table: dict) -> list[str] | str:
     """The output buffers of `func` to stream, or why none is."""
-    sizes = [_static_bytes(b) for b in func.params if isinstance(b, tirx.Buffer)]
-    if len(sizes) != len(func.params) or None in sizes:
+    sizes = [_static_bytes(b) for b in func.params]
+    if None in sizes:
         return "a parameter of symbolic shape (or not a buffer)"
     if sum(sizes) * 100 < llc_bytes * table["stream_working_set_pct"]:
         return f"its working set, {sum(sizes) / 2**20:.1f} MiB, fits the {llc_bytes / 2**20:.0f} MiB cache"
