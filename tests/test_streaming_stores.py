@@ -37,7 +37,7 @@ def test_marks_outputs_of_a_working_set_over_the_cache():
     nothing is; an output under stream_output_pct of the cache (a row sum) is not."""
     table = {**cpu_table(), "streaming_stores": 1}
     func = _te_func(512, 512)
-    assert stream_outputs(func, 1 * MIB, table) == ["y"]
+    assert [b.name for b in stream_outputs(func, 1 * MIB, table)] == ["y"]
     assert "fits the 4 MiB cache" in stream_outputs(func, 4 * MIB, table)
     def row_sum(x):
         k = te.reduce_axis((0, 512), "k")
@@ -60,11 +60,25 @@ def test_must_not_fire_on_symbolic_shapes_read_back_outputs_or_without_x86():
     y, z = read_back(x)
     func = te.create_prim_func([x, y, z])
     sch = s_tir.Schedule(func)  # not inlined: y is an output the second stage reads
-    assert stream_outputs(sch.mod["main"], 1 * MIB, table) == ["z"]
+    assert [b.name for b in stream_outputs(sch.mod["main"], 1 * MIB, table)] == ["z"]
     mod = tvm.IRModule({"main": _te_func(512, 512)})
     assert MarkStreamingStores({**table, "streaming_stores": 0}, 1 * MIB)(mod).same_as(mod)
     assert MarkStreamingStores(table, None)(mod).same_as(mod)  # cache size unknown
-    assert STREAM_ATTR in MarkStreamingStores(table, 1 * MIB)(mod)["main"].attrs
+    marked = MarkStreamingStores(table, 1 * MIB)(mod)["main"]
+    assert list(marked.attrs[STREAM_ATTR]) == ["tvmfuse_stream_out0"] and marked.params[1].name == "tvmfuse_stream_out0"
+
+
+def test_an_output_named_like_a_buffer_it_reads_is_still_streamed():
+    """Names are not unique: GPT-2's LM head reads its reshaped input "T_reshape" and writes its
+    reshaped output "T_reshape". The output is judged by identity (not read back) and renamed."""
+    table = {**cpu_table(), "streaming_stores": 1}
+    x = te.placeholder((512, 512), "float32", name="x")
+    r = te.compute((512, 512), lambda i, j: x[i, j] * 2.0, name="T_reshape")
+    y = te.compute((512, 512), lambda i, j: r[i, j] + 1.0, name="T_reshape")
+    func = s_tir.Schedule(te.create_prim_func([x, y])).mod["main"]
+    assert [b.name for b in stream_outputs(func, 1 * MIB, table)] == ["T_reshape"]
+    marked = MarkStreamingStores(table, 1 * MIB)(tvm.IRModule({"main": func}))["main"]
+    assert marked.params[1].name == "tvmfuse_stream_out0" and "T_reshape" in marked.script()
 
 
 @needs_x86

@@ -6,7 +6,8 @@ Contract. Two passes.
   phase, every variant alike): a PrimFunc whose parameters are all of static shape and whose
   bytes (inputs and outputs, each counted once) are at least `stream_working_set_pct` of
   `llc_bytes` gets the attribute `tvmfuse.stream` = the names of the parameter buffers of at least
-  `stream_output_pct` of it that it stores to (its large outputs) and does not
+  `stream_output_pct` of it that it stores to (its large outputs; each renamed
+  `tvmfuse_stream_out<i>`, as buffer names need not be unique) and does not
   load from (a kernel that reads its output back, as a row reduction that writes its input's sum
   and then normalizes it, would read it from memory). Others are left alone: symbolic shapes, a smaller working set, a table without `streaming_stores` (not
   x86), an unknown cache size, or no float32 output.
@@ -88,34 +89,53 @@ def _static_bytes(buf) -> int | None:
     return n
 
 
-def _accessed_buffers(func) -> tuple[set, set]:
-    """(names of the buffers `func` stores to, names of those it loads from)."""
-    stored, loaded = set(), set()
+def _accessed_buffers(func) -> tuple[list, list]:
+    """(the buffers `func` stores to, the buffers it loads from), as objects: names are not unique
+    (a fused kernel's reshaped input and its reshaped output are both "T_reshape")."""
+    stored, loaded = [], []
 
     def store(op):
-        stored.add(op.buffer.name)
+        stored.append(op.buffer)
         return op
 
     def load(op):
-        loaded.add(op.source.name)
+        loaded.append(op.source)
         return op
 
     tvm_ffi.structural_map(func.body, [(tirx.BufferStore, store), (tvm.ir.expr.TensorLoad, load)], order="post")
     return stored, loaded
 
 
-def stream_outputs(func, llc_bytes: int, table: dict) -> list[str] | str:
-    """The output buffers of `func` to stream, or why none is."""
+def _among(buf, bufs) -> bool:
+    return any(buf.same_as(b) for b in bufs)
+
+
+def stream_outputs(func, llc_bytes: int, table: dict) -> list | str:
+    """The output buffers (parameter objects) of `func` to stream, or why none is."""
     sizes = [_static_bytes(b) for b in func.params]
     if None in sizes:
         return "a parameter of symbolic shape (or not a buffer)"
     if sum(sizes) * 100 < llc_bytes * table["stream_working_set_pct"]:
         return f"its working set, {sum(sizes) / 2**20:.1f} MiB, fits the {llc_bytes / 2**20:.0f} MiB cache"
     stored, loaded = _accessed_buffers(func)
-    outs = [b.name for b, n in zip(func.params, sizes)
-            if b.name in stored and b.name not in loaded and str(b.dtype) == "float32"
+    outs = [b for b, n in zip(func.params, sizes)
+            if _among(b, stored) and not _among(b, loaded) and str(b.dtype) == "float32"
             and n * 100 >= llc_bytes * table["stream_output_pct"]]
     return outs or "no large float32 output that the kernel does not read back"
+
+
+def _renamed(func, outs):
+    """`func` with each buffer of `outs` renamed `tvmfuse_stream_out<i>` (what StreamStores looks
+    for after lowering, where only names are left), and the new names."""
+    names, pairs = [], []
+    for i, b in enumerate(outs):
+        names.append(f"tvmfuse_stream_out{i}")
+        pairs.append((b, tirx.decl_buffer(b.shape, b.dtype, names[-1])))
+
+    def swap(v):
+        return next((new for old, new in pairs if v.same_as(old)), v)
+
+    return tvm_ffi.structural_map(func, [(tvm.ir.expr.Var, swap)]), names
 
 
 def MarkStreamingStores(table: dict, llc_bytes: int | None):
@@ -132,8 +152,9 @@ def MarkStreamingStores(table: dict, llc_bytes: int | None):
             outs = stream_outputs(func, llc_bytes, table)
             if isinstance(outs, str):
                 continue
-            log.info("%s writes %s with streaming stores", gv.name_hint, ", ".join(outs))
-            updates[gv] = func.with_attr(STREAM_ATTR, outs)
+            log.info("%s writes %s with streaming stores", gv.name_hint, ", ".join(b.name for b in outs))
+            func, names = _renamed(func, outs)
+            updates[gv] = func.with_attr(STREAM_ATTR, names)
         if not updates:
             return mod
         return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs)
