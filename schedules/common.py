@@ -121,7 +121,11 @@ def schedule_spatial_block(sch, block_rv):
         if last % n == 0:
             sch.vectorize(sch.split(loops[-1], [None, n])[1])
         return
-    if len(loops) > 1 and last and last % n and last > 32 * n:
+    # loop_partition's wrapper blocks declare no reads or writes, so a block that is partitioned
+    # hides its writes from later schedule steps: only a block nothing else in the kernel reads
+    # (an output) is partitioned; a ragged intermediate keeps the plain parallel loop
+    tail_ok = not sch.get_consumers(block_rv)
+    if tail_ok and len(loops) > 1 and last and last % n and last > 32 * n:
         # a wide row that is no multiple of the vector (771 columns, a vocabulary of 50257): fused,
         # every element would be a scalar with an index division; rows in parallel, each row whole
         # vectors and then a scalar tail of last % n
@@ -133,6 +137,9 @@ def schedule_spatial_block(sch, block_rv):
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
     if ext is not None and ext >= n * CPU["min_parallel_extent"]:
+        if ext % n and not tail_ok:
+            sch.parallel(fused)
+            return
         if ext % n:  # a ragged total (a 1-d tensor of 1001): whole vectors in parallel, a scalar tail
             fused = sch.loop_partition(fused, [ext - ext % n, None], preserve_unit_iters=False)[0]
         outer, inner = sch.split(fused, [None, n])

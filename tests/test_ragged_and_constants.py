@@ -302,3 +302,31 @@ def test_a_weight_that_is_also_an_output_is_returned_unpacked():
     y, w_out = c(xv)
     np.testing.assert_allclose(y, xv @ w, rtol=1e-4, atol=1e-4)
     np.testing.assert_array_equal(w_out, w)
+
+
+def test_a_ragged_block_that_another_block_reads_is_not_partitioned():
+    """loop_partition's wrapper blocks declare no reads or writes, so a partitioned block would
+    hide its writes from the schedule steps after it (a later join could move its reader ahead of
+    it). schedule_spatial_block splits only a block nothing else reads: here A (read by B) keeps
+    one loop, B gets its vector body and scalar tail; both are right."""
+    from tvm import s_tir, te
+
+    from schedules.common import schedule_spatial_block
+    from schedules.targets import for_target
+
+    x = te.placeholder((6, 771), "float32", name="x")
+    a = te.compute((6, 771), lambda i, j: x[i, j] * 2.0, name="A")
+    b = te.compute((6, 771), lambda i, j: a[i, j] + x[i, j], name="B")
+    sch = s_tir.Schedule(te.create_prim_func([x, a, b]))
+    with for_target(tvm.target.Target("llvm")):
+        schedule_spatial_block(sch, sch.get_sblock("A"))
+        schedule_spatial_block(sch, sch.get_sblock("B"))
+    text = sch.mod["main"].script()
+    partitions = re.findall(r'sblock\("(\w+)_partition"\)', text)
+    assert partitions and all(p.startswith("B_") for p in partitions), (partitions, text)  # B only
+    lib = tvm.compile(sch.mod, target="llvm")
+    xv = RNG.standard_normal((6, 771)).astype("float32")
+    outs = [tvm.runtime.tensor(np.zeros((6, 771), "float32")) for _ in range(2)]
+    lib["main"](tvm.runtime.tensor(xv), *outs)
+    np.testing.assert_allclose(outs[0].numpy(), xv * 2, rtol=1e-6)
+    np.testing.assert_allclose(outs[1].numpy(), xv * 3, rtol=1e-6)

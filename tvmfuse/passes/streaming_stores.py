@@ -130,7 +130,7 @@ def _renamed(func, outs):
     names, pairs = [], []
     for i, b in enumerate(outs):
         names.append(f"tvmfuse_stream_out{i}")
-        pairs.append((b, tirx.decl_buffer(b.shape, b.dtype, names[-1])))
+        pairs.append((b, tirx.Var(names[-1], b.ty)))  # the same buffer type: shape, strides, offset, alignment
 
     def swap(v):
         return next((new for old, new in pairs if v.same_as(old)), v)
@@ -157,7 +157,7 @@ def MarkStreamingStores(table: dict, llc_bytes: int | None):
             updates[gv] = func.with_attr(STREAM_ATTR, names)
         if not updates:
             return mod
-        return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs)
+        return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs, global_infos=mod.global_infos)
 
     return _pass
 
@@ -185,7 +185,7 @@ def _chunked(loop, tasks: int):
     t = tirx.Var("stream_task", dt)
     lo = loop.min + t * chunk
     extent = tirx.max(tirx.min(chunk, loop.min + n - lo), tirx.IntImm(dt, 0))
-    inner = tirx.For(loop.loop_var, lo, extent, tirx.ForKind.SERIAL, loop.body)
+    inner = tirx.For(loop.loop_var, lo, extent, tirx.ForKind.SERIAL, loop.body, annotations=loop.annotations)
     return tirx.For(t, tirx.IntImm(dt, 0), tirx.IntImm(dt, tasks), tirx.ForKind.PARALLEL,
                     tirx.SeqStmt([inner, _fence()]))
 
@@ -255,7 +255,7 @@ def StreamStores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             updates[gv] = new
     if not updates:
         return mod
-    return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs)
+    return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs, global_infos=mod.global_infos)
 
 
 def _pipeline_factory():

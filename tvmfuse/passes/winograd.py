@@ -1,14 +1,16 @@
-"""Winograd3x3: a 3x3, stride-1 conv2d with a constant weight becomes Winograd's F(m x m, 3x3),
+"""Winograd3x3: a 3x3, stride-1 conv2d becomes Winograd's F(m x m, 3x3),
 m = 4 or 2: an input transform, n² = (m+2)² matmuls over the tiles (one batched matmul) and an
 output transform.
 
 Contract. In every Relax function, a binding `y = conv2d(x, W)` is rewritten when it is legal
 (`_legal`: NCHW / OIHW / NCHW, a 3x3 kernel, stride 1, dilation 1, groups 1, padding 1 on every
-side, batch 1, a constant float32 W, static C, H, W and O) and profitable on the target (`_tile`
+side, batch 1, a float32 W, static C, H, W and O) and profitable on the target (`_tile`
 picks m), into
 
   V  = call_tir(input_transform, x)         # [n², th*tw, C]: Bᵀ d B of every n x n input tile d
-  M  = matmul(V, U)                         # U = G W Gᵀ: a constant [n², C, O], made here
+  M  = matmul(V, U)                         # U = G W Gᵀ: a constant [n², C, O], made here; for
+                                            # a W that is not a constant (an input), U =
+                                            # call_tir(weight_transform, W) on every call
   Y  = call_tir(output_transform, M)        # [th, m, tw, m, O]: Aᵀ M A of every tile
   y  = permute_dims(reshape(Y), NCHW)       # (sliced to H x W when m does not divide them)
 
@@ -35,8 +37,9 @@ refusing maps narrower than `winograd_min_map` and transformed weights (n²/9 of
 over F(2x2) for 72 MiB more constants).
 
 Must not fire: a strided, dilated, grouped or non-NCHW conv, padding other than 1, a kernel other
-than 3x3, a non-constant weight, batch other than 1, a symbolic dim, a non-float32 dtype, and a
-conv the profitability check refuses. Each rewrite and each refusal of a legal conv is logged on
+than 3x3, a weight of symbolic shape, batch other than 1, a symbolic dim, a non-float32 dtype, and a
+conv the profitability check refuses (for a weight that is not a constant, also when the FLOPs it
+saves do not pay for transforming the weight on every call: `runtime_intensity`). Each rewrite and each refusal of a legal conv is logged on
 `tvmfuse.fusion`. llvm targets only (pipeline.py).
 """
 from __future__ import annotations
@@ -78,12 +81,12 @@ def _legal(call):
     if static_ints(a.padding) != [1, 1, 1, 1]:
         return f"padding {static_ints(a.padding)}"
     x, w = call.args
-    if not isinstance(x.ty, relax.TensorType) or x.ty.ndim != 4 or x.ty.shape is None:
+    if not isinstance(x.ty, relax.TensorType) or x.ty.ndim != 4 or not isinstance(x.ty.shape, relax.ShapeExpr):
         return "an input of unknown rank or shape"
     if isinstance(w, tvm.ir.expr.Constant):
         wv = w.value.numpy()
         wshape, wdtype = wv.shape, str(wv.dtype)
-    elif isinstance(w.ty, relax.TensorType) and w.ty.shape is not None:
+    elif isinstance(w.ty, relax.TensorType) and isinstance(w.ty.shape, relax.ShapeExpr):
         wv, wshape, wdtype = None, static_ints(w.ty.shape.values), str(w.ty.dtype)
         if wshape is None:
             return "a weight of symbolic shape"
