@@ -184,6 +184,51 @@ def test_vector_exp_matches_numpy_over_the_float32_range():
     np.testing.assert_array_equal(np.isposinf(out), np.isposinf(ref))
 
 
+def _shifted_exp_module(shift, decomposed=True):
+    """exp(x - shift(x)) over rows of [64, 256]: shift "max" is a softmax's (R.max), "mean" is not
+    a bound; decomposed=False is R.nn.softmax of 2x (topi's own max and exp, the multiply inlined
+    into both)."""
+    from tvm import relax
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 256), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            if decomposed:
+                m = bb.emit(getattr(relax.op, shift)(x, axis=-1, keepdims=True))
+                e = bb.emit(relax.op.exp(bb.emit(relax.op.subtract(x, m))))
+                out = bb.emit_output(relax.op.divide(e, bb.emit(relax.op.sum(e, axis=-1, keepdims=True))))
+            else:
+                out = bb.emit_output(relax.op.nn.softmax(relax.op.multiply(x, relax.const(2.0, "float32")), axis=-1))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("shift,decomposed,bounded", [("max", True, True), ("max", False, True),
+                                                       ("mean", True, False)])
+def test_exp_of_a_value_minus_its_row_max_drops_the_overflow_edge(shift, decomposed, bounded):
+    """x - rowmax(x) is never above 0, so its exp needs no edge near float32 overflow (88.72...,
+    an inf past it): found through the max reduction's blocks (rfactor stages included), for the
+    zoo's spelling and for R.nn.softmax of 2x. x - rowmean(x) can be positive: the edge stays.
+    NaN still passes through; numerics against numpy."""
+    c = tvmfuse.build(_shifted_exp_module(shift, decomposed), "llvm", "tvmfuse")
+    text = "\n".join(f.script() for _, f in c.mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    assert ("88.72283935546875" not in text) == bounded, text[-3000:]
+    assert "T.isnan" in text
+    # x30: exps far below 0 (the shift by the max); by the mean, x3 keeps float32 exp finite
+    x = np.random.default_rng(3).standard_normal((64, 256)).astype("float32") * (30 if shift == "max" else 3)
+    x[5, 7] = np.nan
+    v = x if decomposed else x * 2
+    with np.errstate(invalid="ignore", over="ignore"):
+        shifted = v - (np.max(v, -1, keepdims=True) if shift == "max" else v.mean(-1, keepdims=True))
+        e = np.exp(shifted.astype("float64"))
+        ref = (e / e.sum(-1, keepdims=True)).astype("float32")
+    out = c(x)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    np.testing.assert_allclose(out[ok], ref[ok], rtol=1e-5, atol=1e-7)
+
+
 def _scheduled_elsewhere(n):
     """A PrimFunc with exp, already scheduled (as a tuned record is): the rules leave it alone."""
     x = te.placeholder((n,), "float32", name="x")
