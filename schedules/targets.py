@@ -100,6 +100,10 @@ def _cpu_table(mcpu: str, mattr: tuple) -> dict:
         # x86: a kernel whose working set is over the last-level cache writes its outputs with
         # streaming (non-temporal) stores (passes/streaming_stores.py)
         streaming_stores=int(_has("sse2", target)),
+        # the vector exp of x - rowmax(x) without the overflow edge (vector_math.py): with 32
+        # registers a softmax kernel is 20-30% faster; with AVX2's 16, LLVM unrolls the shorter
+        # loop 4x and spills 21 vectors, 10-17% slower (AVX2 code on znver4): off there
+        exp_row_max_shortcut=int(regs >= 32),
         vector_registers=regs,
         # micro-kernel height MR: MR x mm_col_vectors accumulators, plus the B vectors and the A
         # broadcast, fit the registers (AVX-512: 8 x 2 of 32; AVX2: 4 x 2 of 16, measured best)

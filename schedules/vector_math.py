@@ -6,7 +6,8 @@ Contract: `vectorizable_math(func)` returns `func` with
   near 0), NaN and +inf passed through as `expf` does; where x is `v - m[row]` with m a row max
   of v (a softmax's or log-softmax's shift, found through the max reduction's blocks, rfactor
   stages included), x is never above 0 and the edge near overflow is left out (NaN still passed
-  through): 20-30% of a softmax kernel on znver4;
+  through): 20-30% of a softmax kernel on znver4. Only with 32 vector registers
+  (`exp_row_max_shortcut`): on AVX2 LLVM unrolls the shorter loop 4x and spills;
 - every float32 `T.erf(x)` replaced by `topi.fast_erf` (a rational approximation; absolute error at
   most 2.4e-7 measured over [-6, 6]), NaN passed through;
 - every float32 `T.tanh(x)` replaced by (1 - t) / (1 + t), t the expansion above of exp(-2|x|),
@@ -130,10 +131,13 @@ def lower_math(mod: tvm.IRModule, target) -> tvm.IRModule:
 
     if target.kind.name != "llvm" or not CPU["vector_math"]:
         return mod
+    from .targets import for_target
+
     out = tvm.IRModule(dict(mod.functions_items()), attrs=mod.attrs)
-    for gv, func in mod.functions_items():
-        if isinstance(func, tvm.tirx.PrimFunc):
-            out[gv] = vectorizable_math(func)
+    with for_target(target):  # the constants of the CPU compiled for (exp_row_max_shortcut)
+        for gv, func in mod.functions_items():
+            if isinstance(func, tvm.tirx.PrimFunc):
+                out[gv] = vectorizable_math(func)
     return out
 
 
@@ -187,7 +191,10 @@ def _nonpositive(arg, reductions) -> bool:
 
 
 def vectorizable_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    reductions = _max_reductions(func) if isinstance(func, tvm.tirx.PrimFunc) else []
+    from .targets import CPU
+
+    shortcut = isinstance(func, tvm.tirx.PrimFunc) and CPU.get("exp_row_max_shortcut", 0)
+    reductions = _max_reductions(func) if shortcut else []
 
     def on_call(call):
         if str(call.ty) == "float32" and call.op.same_as(_EXP):
