@@ -136,10 +136,7 @@ def schedule_spatial_block(sch, block_rv):
         return
     fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     ext = extent(sch, fused)
-    if ext is not None and ext >= n * CPU["min_parallel_extent"]:
-        if ext % n and not tail_ok:
-            sch.parallel(fused)
-            return
+    if ext is not None and ext >= n * CPU["min_parallel_extent"] and (ext % n == 0 or tail_ok):
         if ext % n:  # a ragged total (a 1-d tensor of 1001): whole vectors in parallel, a scalar tail
             fused = sch.loop_partition(fused, [ext - ext % n, None], preserve_unit_iters=False)[0]
         outer, inner = sch.split(fused, [None, n])

@@ -194,11 +194,16 @@ def vectorizable_math(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     from .targets import CPU
 
     shortcut = isinstance(func, tvm.tirx.PrimFunc) and CPU.get("exp_row_max_shortcut", 0)
-    reductions = _max_reductions(func) if shortcut else []
+    found = []  # the function's max reductions, looked for at its first exp only
+
+    def reductions():
+        if not found:
+            found.append(_max_reductions(func))
+        return found[0]
 
     def on_call(call):
         if str(call.ty) == "float32" and call.op.same_as(_EXP):
-            if reductions and _nonpositive(call.args[0], reductions):  # x - rowmax(x): no overflow edge
+            if shortcut and _nonpositive(call.args[0], reductions()):  # x - rowmax(x): no overflow edge
                 return _bound(call.args[0], lambda v: tvm.tirx.Select(tvm.tirx.isnan(v), v, _instantiate("fast_exp", v)))
             return _expand(call.args[0])
         if str(call.ty) == "float32" and call.op.same_as(_ERF):

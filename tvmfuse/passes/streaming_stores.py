@@ -138,6 +138,13 @@ def _renamed(func, outs):
     return tvm_ffi.structural_map(func, [(tvm.ir.expr.Var, swap)]), names
 
 
+def _with_updates(mod, updates):
+    """`mod` with the functions of `updates` replaced (`mod` itself when there are none)."""
+    if not updates:
+        return mod
+    return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs, global_infos=mod.global_infos)
+
+
 def MarkStreamingStores(table: dict, llc_bytes: int | None):
     """The marking pass for a CPU constants table and the host's last-level cache size."""
 
@@ -155,9 +162,7 @@ def MarkStreamingStores(table: dict, llc_bytes: int | None):
             log.info("%s writes %s with streaming stores", gv.name_hint, ", ".join(b.name for b in outs))
             func, names = _renamed(func, outs)
             updates[gv] = func.with_attr(STREAM_ATTR, names)
-        if not updates:
-            return mod
-        return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs, global_infos=mod.global_infos)
+        return _with_updates(mod, updates)
 
     return _pass
 
@@ -198,9 +203,10 @@ def rewrite_function(func, lanes: int, tasks: int):
 
     def store(op):
         idx = op.indices
+        # (a BufferStore here has no predicate: a masked store is a call, never matched)
         if (op.buffer.name not in names or str(op.value.ty.dtype) != dtype or len(idx) != 1
-                or not isinstance(idx[0], tirx.Ramp) or not _is_one(idx[0].stride)
-                or getattr(op, "predicate", None) is not None):
+                or not isinstance(idx[0], tirx.Ramp) or not isinstance(idx[0].stride, tirx.IntImm)
+                or int(idx[0].stride) != 1):
             return op
         hits[0] += 1
         addr = tirx.call_intrin("handle", "tirx.address_of", tirx.BufferLoad(op.buffer, [idx[0].base]))
@@ -231,20 +237,16 @@ def rewrite_function(func, lanes: int, tasks: int):
     return func.with_body(body), hits[0]
 
 
-def _is_one(expr) -> bool:
-    return isinstance(expr, tirx.IntImm) and int(expr) == 1
-
-
 @tvm.transform.module_pass(opt_level=0, name="tvmfuse.StreamStores")
 def StreamStores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """The rewrite of every function MarkStreamingStores marked (after TVM's TIR lowering)."""
+    from schedules.targets import cpu_table, num_cores
+
     updates = {}
     for gv, func in mod.functions_items():
         if not isinstance(func, tirx.PrimFunc) or not func.attrs or STREAM_ATTR not in func.attrs:
             continue
         target = func.attrs.get("target")
-        from schedules.targets import cpu_table, num_cores
-
         table = cpu_table(target)
         lanes = int(table["vector_bytes"]) // 4
         if lanes not in (8, 16):
@@ -253,9 +255,7 @@ def StreamStores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         new, hits = rewrite_function(func, lanes, int(cores) if cores else num_cores())
         if hits:
             updates[gv] = new
-    if not updates:
-        return mod
-    return tvm.IRModule({**dict(mod.functions_items()), **updates}, attrs=mod.attrs, global_infos=mod.global_infos)
+    return _with_updates(mod, updates)
 
 
 def _pipeline_factory():
