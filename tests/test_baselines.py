@@ -81,3 +81,19 @@ def test_frozen_model_peer_bakes_the_weights_in():
         module[0].bias.add_(1.0)
     np.testing.assert_allclose(frozen(), before)
     assert not np.allclose(default(), before)
+
+
+def test_vanilla_tvm_for_cuda_is_tvms_default_gpu_pipeline():
+    """On CUDA, vanilla TVM is relax.get_default_pipeline (dlight's GPU rules): every kernel on the
+    GPU, none left on the host. Compile only: no GPU needed."""
+    import shutil
+
+    from tvmfuse import bench_gpu
+    from tvmfuse.baselines_tvm import build_vanilla
+
+    if not shutil.which("nvcc"):
+        pytest.skip("nvcc is not on PATH")
+    bench_gpu.use_nvcc_without_nvrtc()
+    c = build_vanilla(workloads.get("softmax_chain").mod, "cuda")
+    assert c.kernels_per_func() == {"fused_add_relu": 1, "fused_softmax_multiply": 1}
+    assert c.launches == 2 and c.host_fallbacks() == []
