@@ -63,6 +63,7 @@ def main(argv=None) -> int:
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
     from tvmfuse.bench import _time  # the benchmark's own timing loop
+    from tvmfuse import machine
     from tvmfuse.target import cpu_name, host_cpu, runtime_threads
 
     threads = runtime_threads()
@@ -98,14 +99,14 @@ def main(argv=None) -> int:
                      + f" | {r['gflops_tvmfuse']:.0f} | {r['vs_sdpa']:.2f}x | {r['vs_unfused']:.2f}x | "
                      + " / ".join(str(r["launches"][n]) for n in ("tvmfuse", "tvmfuse-unfused", "tvm"))
                      + " | " + ("ok" if all(r["ok"].values()) else "MISMATCH") + " |")
-    text = "\n".join(lines)
+    text = "\n".join(lines + ["", f"_{machine.describe(machine.record('llvm'))}_"])
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": head, "rows": rows}, f, indent=1)
+            json.dump({"header": head, "machine": machine.record("llvm"), "rows": rows}, f, indent=1)
     return 0 if all(all(r["ok"].values()) for r in rows) else 1
 
 

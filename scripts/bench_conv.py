@@ -154,8 +154,11 @@ def main(argv=None) -> int:
     print(f"\ncount-weighted: {total_ms:.2f} ms for {total_gf:.2f} GFLOP = {total_gf / total_ms * 1e3:.1f} GFLOP/s; "
           f"PyTorch eager {total_torch:.2f} ms ({total_torch / total_ms:.2f}x)")
     if args.json:
+        from tvmfuse import machine
+
         with open(args.json, "w") as fh:
-            json.dump({"command": " ".join(sys.argv), "cpu": cpu_name(), "target": str(target), "set": args.set,
+            json.dump({"command": " ".join(sys.argv), "cpu": cpu_name(), "machine": machine.record(target),
+                       "target": str(target), "set": args.set,
                        "threads": threads, "overrides": overrides, "rows": out, "total_ms": total_ms,
                        "torch_total_ms": total_torch}, fh, indent=1)
     return 0

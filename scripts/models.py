@@ -108,8 +108,10 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(args.threads)
+    from tvmfuse import machine
     from tvmfuse.errors import TvmfuseError
 
+    record = machine.record("llvm")
     rows = []
     for name in [n.strip() for n in args.models.split(",") if n.strip()]:
         try:
@@ -119,8 +121,9 @@ def main(argv=None):
             return 2
         row["threads"] = args.threads
         print(json.dumps(row), file=sys.stderr)
+        row["machine"] = record  # the JSON stays a list of rows: each carries the machine record
         rows.append(row)
-    table = markdown(rows)
+    table = markdown(rows) + f"\n\n_{machine.describe(record)}_"
     print(table)
     if args.json:
         with open(args.json, "w") as f:

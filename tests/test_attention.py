@@ -192,6 +192,7 @@ def test_bench_attention_script_runs(tmp_path, capsys):
     assert "| 9 |" in table and "speedup vs sdpa" in table and "| 1 / 3 / 7 | ok |" in table
     row = json.load(open(out))["rows"][0]
     assert set(row["ms"]) == {"tvmfuse", "tvmfuse-unfused", "tvm", "torch sdpa"} and all(row["ok"].values())
+    assert json.load(open(out))["machine"]["mcpu"] and "machine: " in table
 
 
 def test_a_fully_masked_row_and_an_infinite_fill():

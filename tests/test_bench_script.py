@@ -22,7 +22,8 @@ def test_quick_bench_prints_the_table_and_writes_json(tmp_path):
     p = _run("--quick", "--workloads", "softmax_decomposed,conv_relu_bn_add", "--systems", systems,
              "--json", str(out))
     assert p.returncode == 0, p.stderr
-    assert "| softmax_decomposed |" in p.stdout and "geometric mean, tvmfuse vs tvm, all workloads" in p.stdout
+    assert "| softmax_decomposed |" in p.stdout
+    assert "geometric mean, tvmfuse vs stock FuseOps (tvmfuse schedules), all workloads" in p.stdout
     rows = json.loads(out.read_text())["rows"]
     assert [r["workload"] for r in rows] == ["softmax_decomposed", "conv_relu_bn_add"]
     for r in rows:
@@ -115,4 +116,58 @@ def test_dynamic_bench_runs_one_symbolic_build_against_static_and_torch_compile(
     assert set(rows[0]["ms"]) == {"tvmfuse dynamic", "tvmfuse static", "torch.compile dyn", "torch eager",
                                   "tvmfuse backend dyn", "tvmfuse bucketed"}
     assert [r["bucket"] for r in rows] == ["static version", "generic"]
-    assert "--buckets 8" in md.read_text()
+    assert "--buckets 8" in md.read_text() and "machine: " in md.read_text()
+    assert json.loads(out.read_text())["machine"]["cpu"]
+
+
+def test_json_and_markdown_carry_the_machine_record_and_vanilla_tvm(tmp_path):
+    """The bench JSON records the machine (CPU, mcpu, cores, threads, caches, commit, versions) and
+    the markdown header has it in one line; vanilla TVM runs as a system with its launches."""
+    out, md = tmp_path / "b.json", tmp_path / "b.md"
+    p = _run("--quick", "--workloads", "softmax_chain", "--systems", "vanilla tvm,tvmfuse,numpy",
+             "--json", str(out), "--markdown", str(md))
+    assert p.returncode == 0, p.stderr
+    data = json.loads(out.read_text())
+    rec = data["machine"]
+    assert {"cpu", "mcpu", "cores", "threads", "caches", "commit", "versions"} <= set(rec)
+    assert rec["cpu"] and rec["mcpu"] and rec["cores"] >= 1 and rec["threads"] >= 1
+    assert {"hash", "dirty"} == set(rec["commit"])
+    assert {"python", "tvm", "tvm-ffi", "torch", "onnxruntime", "numpy"} <= set(rec["versions"])
+    assert rec["versions"]["tvm"] and rec["versions"]["numpy"]
+    (row,) = data["rows"]
+    assert row["ok"]["vanilla tvm"] and row["launches"]["vanilla tvm"] == 2
+    text = md.read_text()
+    assert "machine: " in text and f"mcpu={rec['mcpu']}" in text
+    assert "tvmfuse vs vanilla TVM (relax.build + dlight)" in text
+
+
+def test_best_peer_includes_torch_compile_with_freezing():
+    from tvmfuse import bench
+
+    row = bench.Row("w", ms={"tvmfuse": 1.0, "tvm": 1.5, "torch.compile": 2.0, bench.FREEZING: 0.5,
+                             "onnxruntime": 3.0, bench.VANILLA: 4.0})
+    assert bench.best_peer(row) == bench.FREEZING
+    systems = ["tvm", bench.VANILLA, "tvmfuse", "onnxruntime", "torch.compile", bench.FREEZING]
+    text = bench.summary([row], systems)
+    assert "| 0.50x (torch.compile (freezing)) |" in text
+    assert "geometric mean, tvmfuse vs torch.compile (freezing): 0.50x" in text
+    assert "geometric mean, tvmfuse vs stock FuseOps (tvmfuse schedules), all workloads: 1.50x" in text
+    assert "geometric mean, tvmfuse vs vanilla TVM (relax.build + dlight): 4.00x" in text
+
+
+def test_a_slow_system_is_timed_in_few_rounds_of_one_call(monkeypatch):
+    """A system whose call took over SLOW_CALL_S (vanilla TVM's naive loops on a big model) gets one
+    call in each of SLOW_ROUNDS rounds, and the row and the summary say so."""
+    import numpy as np
+
+    from tvmfuse import bench
+
+    events = []
+    ready = {s: bench.Ready(call=lambda s=s: events.append(s), out=np.zeros(1)) for s in ("tvmfuse", bench.VANILLA)}
+    ready[bench.VANILLA].call_s = bench.SLOW_CALL_S + 1
+    monkeypatch.setattr(bench, "_callables", lambda *a, **k: (ready, {}))
+    row = bench.measure_workload("bias_relu_dropout", "small", ("tvmfuse", bench.VANILLA), rounds=5, budget_s=0.0)
+    assert row.samples[bench.VANILLA] == events.count(bench.VANILLA) == bench.SLOW_ROUNDS
+    assert row.samples["tvmfuse"] == 5
+    assert "rounds of one call" in row.capped[bench.VANILLA] and bench.VANILLA not in row.capped.get("tvmfuse", "")
+    assert f"- {bench.VANILLA} on bias_relu_dropout: one call took" in bench.summary([row], ["tvmfuse", bench.VANILLA])

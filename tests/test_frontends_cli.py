@@ -74,3 +74,4 @@ def test_models_script_measures_a_real_model(tmp_path):
     assert all(v[k]["ok"] for k in ("none", "tvm", "tvmfuse"))
     assert v["tvmfuse"]["launches"] <= v["tvm"]["launches"] < v["none"]["launches"]
     assert row["eager_ms"] > 0 and "| resnet-tiny [small] |" in p.stdout
+    assert row["machine"]["cpu"] and row["machine"]["versions"]["tvm"] and "machine: " in p.stdout

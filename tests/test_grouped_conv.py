@@ -80,3 +80,4 @@ def test_bench_conv_grouped_set_runs_and_checks_against_torch(tmp_path):
     assert "| 8 | 96->96 3x3/2 g96 on 112x112 |" in proc.stdout
     (row,) = json.loads(out.read_text())["rows"]
     assert row["groups"] == 96 and row["rule"] == "cpu.Conv2D" and row["ms"] > 0 and row["torch_ms"] > 0
+    assert json.loads(out.read_text())["machine"]["commit"]["hash"]

@@ -205,25 +205,52 @@ def _torch_fns():
     }
 
 
-class TorchRunner:
-    """The workload in PyTorch, eager or through torch.compile (Inductor); numpy in, numpy out.
-    `compile_s` is the time of the first (compiling) call. On `device` "cuda" the inputs live on
-    the GPU, and `run` returns with the work queued (synchronize to wait for it)."""
+def freezing_scope(on: bool = True):
+    """Inductor's freezing (torch._inductor.config.freezing) for what compiles inside: the scope
+    must hold torch.compile AND the first (compiling) call, under no_grad. Parameters become
+    constants, folded and prepacked at compile time: the fair peer of a tvmfuse build, which bakes
+    its weights in. Off: a null scope."""
+    import contextlib
 
-    def __init__(self, workload, threads: int, compiled: bool = False, device: str = "cpu"):
+    if not on:
+        return contextlib.nullcontext()
+    import torch._inductor.config
+
+    return torch._inductor.config.patch(freezing=True)
+
+
+def torch_compile(fn, freezing: bool = False):
+    """torch.compile(fn) (Inductor, default mode); with `freezing`, freezing is also the backend's
+    own option. Call it, and the first call, inside freezing_scope(freezing). The option is what
+    keeps the two apart: Dynamo keeps compiled graphs per code object and reuses one whose backend
+    compares equal (same options), so under the scope alone a function or module compiled before
+    in default mode got its default-mode graph back (0.0 s "compile" of the zoo's softmax_chain)."""
+    import torch
+
+    return torch.compile(fn, options={"freezing": True}) if freezing else torch.compile(fn)
+
+
+class TorchRunner:
+    """The workload in PyTorch, eager or through torch.compile (Inductor; with `freezing`, Inductor's
+    freezing on); numpy in, numpy out. `compile_s` is the time of the first (compiling) call. On
+    `device` "cuda" the inputs live on the GPU, and `run` returns with the work queued (synchronize
+    to wait for it)."""
+
+    def __init__(self, workload, threads: int, compiled: bool = False, device: str = "cpu", freezing: bool = False):
         import time
 
         import torch
 
         torch.set_num_threads(threads)
         fn = _torch_fns()[workload.name](workload)
-        self.fn = torch.compile(fn) if compiled else fn
         self.device = device
         self.args = [torch.from_numpy(a).to(device) for a in workload.inputs()]
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            self.fn(*self.args)
-        self.compile_s = time.perf_counter() - t0 if compiled else 0.0
+        with freezing_scope(freezing):
+            self.fn = torch_compile(fn, freezing) if compiled or freezing else fn
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                self.fn(*self.args)
+        self.compile_s = time.perf_counter() - t0 if compiled or freezing else 0.0
 
     def run(self):
         import torch
@@ -306,7 +333,8 @@ def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
 
 def model_peer(m, system: str, threads: int):
     """A real model's peer: (zero-argument call, seconds of its first call) or the reason it has
-    none. "torch": eager; "torch.compile": Inductor on the module; "torch.compile[tvmfuse]":
+    none. "torch": eager; "torch.compile": Inductor on the module; "torch.compile+freezing": the
+    same with Inductor's freezing (freezing_scope, no_grad); "torch.compile[tvmfuse]":
     tvmfuse's dynamo backend on the module; "onnxruntime": the module exported to ONNX (the model's
     own ONNX reference for an ONNX-imported model)."""
     import time
@@ -327,16 +355,18 @@ def model_peer(m, system: str, threads: int):
         sess = _ort_session(blob, threads)
         feed = {i.name: a for i, a in zip(sess.get_inputs(), x)}
         return (lambda: sess.run(None, feed)[0]), 0.0
-    if system == "torch.compile[tvmfuse]":
-        fn = torch.compile(m.module, backend="tvmfuse")
-    else:
-        fn = torch.compile(m.module) if system == "torch.compile" else m.module
+    freezing = system == "torch.compile+freezing"
+    with freezing_scope(freezing):  # around the compile and its first call
+        if system == "torch.compile[tvmfuse]":
+            fn = torch.compile(m.module.eval(), backend="tvmfuse")
+        else:
+            fn = torch_compile(m.module.eval(), freezing) if system.startswith("torch.compile") else m.module
 
-    def call():
-        with torch.inference_mode():
-            out = fn(*args)
-        return out.numpy() if hasattr(out, "numpy") else out
+        def call():
+            with torch.no_grad() if freezing else torch.inference_mode():
+                out = fn(*args)
+            return out.numpy() if hasattr(out, "numpy") else out
 
-    t0 = time.perf_counter()
-    call()
+        t0 = time.perf_counter()
+        call()
     return call, (time.perf_counter() - t0 if system.startswith("torch.compile") else 0.0)

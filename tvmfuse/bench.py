@@ -5,12 +5,18 @@ checks each system's outputs against the workload's numpy reference, then times 
 workload in interleaved rounds (system order rotated each round, so drift and noisy neighbours hit
 every system alike) and returns one `Row` per workload with the median per-call latency of each.
 
-Systems: "none" / "tvm" / "tvmfuse" (tvmfuse.build on llvm with the default schedules, untuned),
-"tvm+tuned" / "tvmfuse+tuned" (the same with `logs`, tuned records that beat the defaults),
-"onnxruntime" (all graph optimizations), "torch" (eager) and "torch.compile" (Inductor; its
-compile time is kept in the row), all with the same thread count as TVM (tvmfuse.baselines),
-"torch.compile[tvmfuse]" (real models: the PyTorch module through torch.compile(backend="tvmfuse"),
-the path a PyTorch user takes; not a peer) and "numpy" (the workload's reference). A system a workload has no form for is left out of its row.
+Systems (tvmfuse.bench_systems says what each is; its LABELS name them in every ratio): "none" /
+"tvm" / "tvmfuse" (tvmfuse.build's variants with tvmfuse's default schedules, untuned: "tvm" is
+stock FuseOps on tvmfuse's schedules), "tvm+tuned" / "tvmfuse+tuned" (the same with `logs`, tuned
+records that beat the defaults), "vanilla tvm" (relax.build with TVM's default pipeline and
+dlight, untouched by tvmfuse: tvmfuse.baselines_tvm), "onnxruntime" (all graph optimizations),
+"torch" (eager), "torch.compile" (Inductor, default mode) and "torch.compile+freezing" (Inductor
+with freezing=True; compile times kept in the row), all with the same thread count as TVM
+(tvmfuse.baselines), "torch.compile[tvmfuse]" (real models: the PyTorch module through
+torch.compile(backend="tvmfuse"), the path a PyTorch user takes; not a peer) and "numpy" (the
+workload's reference). A system a workload has no form for is left out of its row. A system
+whose single call takes over SLOW_CALL_S (vanilla TVM's naive loops on a full-size model) is timed
+in at most SLOW_ROUNDS rounds of one call each; the row's `capped` says so.
 
 On target="cuda" (tvmfuse.bench_gpu) the TVM systems run on tvm.cuda(0), each timed call follows an
 L2 flush, the peers run on the GPU where their runtime can (else the row says why not), numpy is
@@ -28,21 +34,23 @@ from typing import Callable
 import numpy as np
 
 from . import workloads
+from .baselines_tvm import build_vanilla
 from .build import build
 from .runtime import dynamic_launches
 from .target import is_gpu, resolve, runtime_threads
 
-TVM_SYSTEMS = ("none", "tvm", "tvmfuse")
-TUNED = ("tvm+tuned", "tvmfuse+tuned")
-PEERS = ("onnxruntime", "torch", "torch.compile")
-BACKEND = "torch.compile[tvmfuse]"  # a real model's module through torch.compile(backend="tvmfuse")
-SYSTEMS = TVM_SYSTEMS + PEERS + (BACKEND, "numpy")
+from .bench_report import best_peer, geomean, kernel_tables, roofline_table, summary  # noqa: F401 (bench.summary)
+from .bench_systems import BACKEND, FREEZING, PEERS, SYSTEMS, TUNED, TVM_SYSTEMS, VANILLA  # noqa: F401
+
 # numpy's OpenBLAS keeps its worker threads spinning for ~0.1 s after a call (its default thread
 # timeout, 2^28 cycles): the system timed next ran 20% slow (mlp_block 13.6 ms instead of 11.2).
 # The benchmark waits this long after timing numpy.
 BLAS_SPIN_S = 0.15
-
-
+# A system whose call takes longer than this (vanilla TVM's unscheduled loop nests on a full-size
+# model: seconds to a minute per call) is timed in at most SLOW_ROUNDS rounds of one call each, so
+# that a run stays bounded; the row records it in `capped`.
+SLOW_CALL_S = 2.0
+SLOW_ROUNDS = 3
 
 @dataclass
 class Row:
@@ -60,6 +68,7 @@ class Row:
     kernels: list = field(default_factory=list)  # a real model: tvmfuse's runtime.kernel_profile rows
     memory_bound: bool = False  # the workload's fact (workloads.Workload.memory_bound)
     reduction_heavy: bool = False  # the workload's fact (workloads.Workload.reduction_heavy)
+    capped: dict = field(default_factory=dict)  # system -> how its timing was cut short (SLOW_CALL_S)
 
     def ratio(self, a, b):
         """How many times faster a is than b (b's ms over a's)."""
@@ -92,17 +101,25 @@ class Ready:
     compile_s: float = 0.0
     build_s: float = 0.0
     compiled: object = None  # a TVM system's tvmfuse.Compiled (the per-kernel profile)
+    call_s: float = 0.0  # a TVM system: seconds of one call (its numerics run), for SLOW_CALL_S
 
 
 def _tvm_system(w, system, target, x, logs):
-    """A TVM system (none/tvm/tvmfuse, +tuned with `logs`) built for `target`, its inputs on the
-    target's device, its launches counted statically and over one instrumented run."""
+    """A TVM system (none/tvm/tvmfuse, +tuned with `logs`, or vanilla TVM) built for `target`, its
+    inputs on the target's device, its launches counted statically and over one instrumented run."""
     t0 = time.perf_counter()
-    c = build(w.mod, target, system.split("+")[0], tuning_logs=logs if system in TUNED else None)
+    if system == VANILLA:
+        c = build_vanilla(w.mod, target)
+    else:
+        c = build(w.mod, target, system.split("+")[0], tuning_logs=logs if system in TUNED else None)
     build_s = time.perf_counter() - t0
     f, args = c.vm()["main"], c.convert_inputs(x)
+    t0 = time.perf_counter()
+    out = c(*x)
+    call_s = time.perf_counter() - t0
     ran, _ = dynamic_launches(c, args)
-    return Ready(lambda: f(*args), c(*x), c.device.sync, launches=c.launches, ran=ran, build_s=build_s, compiled=c)
+    return Ready(lambda: f(*args), out, c.device.sync, launches=c.launches, ran=ran, build_s=build_s, compiled=c,
+                 call_s=call_s)
 
 
 def _callables(w, systems, target, threads, logs=None):
@@ -117,7 +134,7 @@ def _callables(w, systems, target, threads, logs=None):
             raise ValueError(f"unknown system {s!r}; use some of {', '.join(SYSTEMS + TUNED)}")
         if s in TUNED and not logs:
             skipped[s] = "no tuning logs given"
-        elif s in TVM_SYSTEMS or s in TUNED:
+        elif s in TVM_SYSTEMS or s in TUNED or s == VANILLA:
             out[s] = _tvm_system(w, s, target, x, logs)
         elif not isinstance(w, workloads.Workload):  # a real model (tvmfuse.models)
             got = "not wired for real models on CUDA" if is_gpu(target) else (
@@ -141,8 +158,8 @@ def _callables(w, systems, target, threads, logs=None):
                 continue
             r = baselines.OrtRunner(w, threads)
             out[s] = Ready(lambda r=r: r(*x), r(*x))
-        elif s in ("torch", "torch.compile"):
-            r = baselines.TorchRunner(w, threads, compiled=s == "torch.compile")
+        elif s in ("torch", "torch.compile", FREEZING):
+            r = baselines.TorchRunner(w, threads, compiled=s != "torch", freezing=s == FREEZING)
             out[s] = Ready(r.run, r(*x), compile_s=r.compile_s)
         else:  # numpy
             out[s] = Ready(lambda: w.reference(*x), w.reference(*x))
@@ -210,20 +227,40 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
         row.ok[s] = bool(_close(r.out, ref, rtol, atol))
         if r.launches is not None:
             row.launches[s], row.ran[s] = r.launches, r.ran
-    sample = _sampler(t, arch, budget_s)
-    samples = {s: [] for s in calls}
-    order = list(calls)
-    for i in range(rounds):
-        for s in order[i % len(order):] + order[: i % len(order)]:
-            samples[s] += sample(calls[s])
-            if s == "numpy":
-                time.sleep(BLAS_SPIN_S)
+    samples, row.capped = _rounds(calls, _sampler(t, arch, budget_s), rounds)
     row.ms = {s: statistics.median(v) * 1e3 for s, v in samples.items()}
     if row.flops and "tvmfuse" in calls and not is_gpu(t):
         row.kernels = [{k: v for k, v in r.items() if k != "outputs"}
                        for r in _kernel_rows(calls["tvmfuse"].compiled, w.inputs(), row.ms["tvmfuse"])]
     row.samples = {s: len(v) for s, v in samples.items()}
     return row
+
+
+def _one_call(r) -> list:
+    """One call, timed to the device's end: a slow system's sample (its warm-up was its numerics run)."""
+    t0 = time.perf_counter()
+    r.call()
+    r.sync()
+    return [time.perf_counter() - t0]
+
+
+def _rounds(calls, sample, rounds):
+    """The interleaved rounds: ({system: per-call seconds}, {system: how its timing was capped}).
+    A system whose call took over SLOW_CALL_S gets one call in each of the first SLOW_ROUNDS rounds."""
+    slow = {s for s, r in calls.items() if r.call_s > SLOW_CALL_S}
+    capped = {s: f"one call took {calls[s].call_s:.1f} s (over {SLOW_CALL_S:g} s): timed in "
+                 f"{min(rounds, SLOW_ROUNDS)} rounds of one call, not {rounds} rounds of the budget" for s in slow}
+    samples = {s: [] for s in calls}
+    order = list(calls)
+    for i in range(rounds):
+        for s in order[i % len(order):] + order[: i % len(order)]:
+            if s in slow:
+                samples[s] += _one_call(calls[s]) if i < SLOW_ROUNDS else []
+            else:
+                samples[s] += sample(calls[s])
+            if s == "numpy":
+                time.sleep(BLAS_SPIN_S)
+    return samples, capped
 
 
 PROFILE_TRIES = 3  # kernel profiles taken at most per model
@@ -247,124 +284,3 @@ def _kernel_rows(compiled, inputs, timed_ms: float) -> list[dict]:
         if total <= PROFILE_SLACK * timed_ms:
             break
     return best[1]
-
-
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def best_peer(row):
-    ms = {s: row.ms[s] for s in PEERS if s in row.ms}
-    return min(ms, key=ms.get) if ms else None
-
-
-# (label, system a, system b, the Row fact that selects workloads or None for all): "a is N times
-# faster than b"
-_GEOMEANS = [
-    ("tvmfuse vs tvm, all workloads", "tvmfuse", "tvm", None),
-    ("tvmfuse vs tvm, reduction-heavy", "tvmfuse", "tvm", "reduction_heavy"),
-    ("tvmfuse vs onnxruntime", "tvmfuse", "onnxruntime", None),
-    ("tvmfuse vs torch eager", "tvmfuse", "torch", None),
-    ("tvmfuse vs torch.compile", "tvmfuse", "torch.compile", None),
-    ("torch.compile[tvmfuse] vs torch.compile (Inductor)", BACKEND, "torch.compile", None),
-    ("tvmfuse+tuned vs tvm+tuned", "tvmfuse+tuned", "tvm+tuned", None),
-    ("tvmfuse+tuned vs tvmfuse", "tvmfuse+tuned", "tvmfuse", None),
-]
-
-
-def summary(rows, systems):
-    """Markdown: one line per workload, then the geometric means the targets are stated in."""
-    ratio_cols = [(a, b) for a, b in (("tvmfuse", "tvm"), ("tvmfuse", "onnxruntime"), ("tvmfuse", "torch"),
-                                      ("tvmfuse+tuned", "tvm+tuned")) if a in systems and b in systems]
-    head = (["workload"] + [f"{s} ms" for s in systems] + ["launches tvm/tvmfuse", "ran tvm/tvmfuse"]
-            + [f"{a} vs {b}" for a, b in ratio_cols] + ["tvmfuse vs best peer", "numerics"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    fmt = lambda x: f"{x:.2f}x" if x else "-"
-    for r in rows:
-        cells = [r.workload] + [f"{r.ms[s]:.3f}" if s in r.ms else "-" for s in systems]
-        cells += [f"{d.get('tvm', '-')}/{d.get('tvmfuse', '-')}" for d in (r.launches, r.ran)]
-        cells += [fmt(r.ratio(a, b)) for a, b in ratio_cols]
-        peer = best_peer(r)
-        cells.append(f"{fmt(r.ratio('tvmfuse', peer))} ({peer})" if peer else "-")
-        cells.append("ok" if all(r.ok.values()) else "MISMATCH " + ",".join(s for s, v in r.ok.items() if not v))
-        lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
-    for label, a, b, subset in _GEOMEANS:
-        g = geomean([r.ratio(a, b) for r in rows if subset is None or getattr(r, subset)])
-        if g:
-            lines.append(f"- geometric mean, {label}: {g:.2f}x")
-    g = geomean([r.ratio("tvmfuse", best_peer(r)) for r in rows if best_peer(r)])
-    if g:
-        lines.append(f"- geometric mean, tvmfuse vs the best peer of each workload: {g:.2f}x")
-    memory = [r for r in rows if r.memory_bound and best_peer(r)]
-    g = geomean([r.ratio("tvmfuse", best_peer(r)) for r in memory])
-    if g and len(memory) < len(rows):
-        lines.append(f"- geometric mean, tvmfuse vs the best peer, memory-bound zoo workloads: {g:.2f}x")
-    skips = {(s, why): [r.workload for r in rows if r.skipped.get(s) == why]
-             for r in rows for s, why in r.skipped.items()}
-    for (s, why), names in skips.items():
-        lines.append(f"- {s} skipped ({why}): " + ("all workloads" if len(names) == len(rows) else ", ".join(names)))
-    for system in ("torch.compile", BACKEND):
-        compiles = [f"{r.workload} {r.compile_s[system]:.1f}s" for r in rows if system in r.compile_s]
-        if compiles:
-            lines.append(f"- {system} compile time (first call): " + ", ".join(compiles))
-    builds = [f"{r.workload} {r.import_s:.1f}s + {r.build_s['tvmfuse']:.1f}s" for r in rows
-              if r.import_s and "tvmfuse" in r.build_s]
-    if builds:
-        lines.append("- real models, import + tvmfuse build: " + ", ".join(builds))
-    return "\n".join(lines)
-
-
-def roofline_table(rows, size, systems, bandwidth, peak_gflops, llc):
-    """Markdown: for memory-bound workloads, each system's latency as a multiple of the bandwidth
-    bound (minimal bytes / measured GB/s); for compute-heavy ones, achieved GFLOP/s."""
-    from . import roofline
-
-    gbs = max(bandwidth.values())
-    lines = [f"Measured: {', '.join(f'{k} {v:.1f} GB/s' for k, v in bandwidth.items())}; "
-             f"numpy matmul {peak_gflops:.0f} GFLOP/s; last-level cache {llc / 2**20:.0f} MiB" if llc else "",
-             "", "| workload | minimal MB | cache-resident | bound ms | "
-             + " | ".join(f"{s}" for s in systems) + " |", "|" + "---|" * (len(systems) + 4)]
-    models = [r for r in rows if r.flops]
-    for r in rows:
-        if r.workload not in workloads.names():
-            continue  # real models: their compute bound below
-        w = workloads.get(r.workload, size)
-        nbytes, fl = roofline.minimal_bytes(w), roofline.flops(w)
-        bound = nbytes / gbs / 1e6
-        if fl:
-            cells = [f"{fl / (r.ms[s] * 1e6):.0f} GFLOP/s" if s in r.ms else "-" for s in systems]
-        else:
-            cells = [f"{r.ms[s] / bound:.1f}x bound" if s in r.ms else "-" for s in systems]
-        # data re-read call after call stays in the LLC unless it is several times larger:
-        # only a "no" row's bound is a bound
-        resident = "-" if not llc else "yes" if nbytes < llc else "partly" if nbytes < 4 * llc else "no"
-        lines.append(f"| {r.workload} | {nbytes / 1e6:.1f} | {resident} | {bound:.3f} | " + " | ".join(cells) + " |")
-    if models:  # compute bound: the model's matmul/conv FLOPs at numpy's matmul rate of this run
-        lines += ["", "| model | GFLOP | compute bound ms | " + " | ".join(systems) + " |",
-                  "|" + "---|" * (len(systems) + 3)]
-        for r in models:
-            bound = r.flops / peak_gflops / 1e6
-            cells = [f"{r.ms[s] / bound:.2f}x bound" if s in r.ms else "-" for s in systems]
-            lines.append(f"| {r.workload} | {r.flops / 1e9:.2f} | {bound:.1f} | " + " | ".join(cells) + " |")
-        lines += kernel_tables(models, peak_gflops, gbs)
-    return "\n".join(lines)
-
-
-def kernel_tables(rows, peak_gflops, gbs, top: int = 8):
-    """Per real model: tvmfuse's slowest kernels against their roofline (runtime.roofline_view),
-    plus every cliff (2% of the time or more at under 25% of the roofline)."""
-    from .runtime import format_roofline, roofline_view
-
-    lines = []
-    for r in rows:
-        if not r.kernels:
-            continue
-        view = roofline_view(r.kernels, peak_gflops, gbs)
-        shown = sorted(view, key=lambda k: -k["ms"])[:top]
-        shown += [k for k in view if k["cliff"] and k not in shown]
-        cliffs = [k["name"] for k in view if k["cliff"]]
-        lines += ["", f"{r.workload}, tvmfuse kernels (slowest {top}; cliffs: {', '.join(cliffs) or 'none'}):", "",
-                  format_roofline(shown)]
-    return lines

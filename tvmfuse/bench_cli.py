@@ -1,8 +1,11 @@
 """`scripts/bench.py` and `tvmfuse bench`: the command line of the side-by-side benchmark.
 
-Benchmark the zoo side by side: no fusion, TVM's stock fusion, tvmfuse (untuned, and tuned with
---logs), ONNX Runtime, PyTorch eager, torch.compile and numpy, all measured in one run with the
-systems interleaved round by round and the same thread count for all. Prints the table (median ms
+Benchmark the zoo side by side: no fusion and TVM's stock FuseOps (both on tvmfuse's schedules),
+vanilla TVM (relax.build with TVM's default pipeline and dlight, untouched by tvmfuse), tvmfuse
+(untuned, and tuned with --logs), ONNX Runtime, PyTorch eager, torch.compile in its default mode
+and with freezing, and numpy, all measured in one run with the systems interleaved round by round
+and the same thread count for all. The header and the JSON carry the machine record (CPU, mcpu,
+cores, caches, commit, library versions: tvmfuse/machine.py). Prints the table (median ms
 per call, launches, ratios, numerics checked against numpy), the geometric means, and the
 roofline: memory bandwidth and matmul throughput measured in the same run, each memory-bound
 workload's latency as a multiple of its bandwidth bound, GFLOP/s of the compute-heavy ones.
@@ -64,18 +67,61 @@ def add_arguments(ap):
                          "--workloads bert-tiny for the small config)")
 
 
+def _dynamic(args):
+    from . import bench_dynamic
+
+    argv = ["--model", "bert-tiny" if args.workloads == "bert-tiny" else "bert-base", "--rounds", str(args.rounds)]
+    argv += ["--json", args.json] if args.json else []
+    argv += ["--markdown", args.markdown] if args.markdown else []
+    return bench_dynamic.main(argv)
+
+
+def _selection(args):
+    """(systems, workload names) the arguments ask for; TvmfuseError for an unknown system or
+    workload or a --logs that is not a folder."""
+    from . import bench, models, workloads
+    from .errors import TvmfuseError
+
+    default = args.systems is None
+    systems = list(bench.SYSTEMS) if default else [s.strip() for s in args.systems.split(",") if s.strip()]
+    if args.logs:
+        systems += [s for s in bench.TUNED if s not in systems]
+    bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
+    tiny = [m for m in models.names() if m not in models.FULL_SIZE]
+    groups = {"all": workloads.names(), "models": list(models.FULL_SIZE), "tiny-models": tiny,
+              "everything": workloads.names() + models.names(), "memory": workloads.memory_bound_names()}
+    names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
+    if bad:
+        raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS + bench.TUNED)}")
+    if args.logs and not os.path.isdir(args.logs):
+        raise TvmfuseError(f"--logs {args.logs!r} is not a folder; tune first (scripts/tune.py --trials N --logs DIR)")
+    for n in names:
+        if n not in models.names():
+            workloads.get(n, args.size)
+    if default and not any(n in models.names() for n in names):  # the zoo has no torch module to compile
+        systems.remove(bench.BACKEND)
+    return systems, names
+
+
+def _write(args, header, table, target, timing, rows, record):
+    """The table on stdout; --json (the rows and the machine record) and --markdown files."""
+    print(header + "\n\n" + table)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": " ".join(sys.argv), "target": str(target), "timing": timing, "size": args.size,
+                       "rounds": args.rounds, "machine": record, "rows": [r.as_dict() for r in rows]}, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+
+
 def run(args):
     quiet_runtimes()
     if getattr(args, "dynamic", False):
-        from . import bench_dynamic
-
-        argv = ["--model", "bert-tiny" if args.workloads == "bert-tiny" else "bert-base", "--rounds", str(args.rounds)]
-        argv += ["--json", args.json] if args.json else []
-        argv += ["--markdown", args.markdown] if args.markdown else []
-        return bench_dynamic.main(argv)
+        return _dynamic(args)
     from tqdm import tqdm
 
-    from . import bench, workloads
+    from . import bench, machine
     from .errors import TvmfuseError
     from .target import resolve, runtime_threads
 
@@ -90,30 +136,11 @@ def run(args):
             return NO_GPU_EXIT
     if args.quick:
         args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
-    default = args.systems is None
-    systems = list(bench.SYSTEMS) if default else [s.strip() for s in args.systems.split(",") if s.strip()]
-    if args.logs:
-        systems += [s for s in bench.TUNED if s not in systems]
-    bad = [s for s in systems if s not in bench.SYSTEMS + bench.TUNED]
-    from . import models
-
-    tiny = [m for m in models.names() if m not in models.FULL_SIZE]
-    groups = {"all": workloads.names(), "models": list(models.FULL_SIZE), "tiny-models": tiny,
-              "everything": workloads.names() + models.names(), "memory": workloads.memory_bound_names()}
-    names = groups.get(args.workloads) or [n.strip() for n in args.workloads.split(",")]
     try:
-        if bad:
-            raise TvmfuseError(f"unknown system(s) {bad}; use some of {', '.join(bench.SYSTEMS + bench.TUNED)}")
-        if args.logs and not os.path.isdir(args.logs):
-            raise TvmfuseError(f"--logs {args.logs!r} is not a folder; tune first (scripts/tune.py --trials N --logs DIR)")
-        for n in names:
-            if n not in models.names():
-                workloads.get(n, args.size)
+        systems, names = _selection(args)
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if default and not any(n in models.names() for n in names):  # the zoo has no torch module to compile
-        systems.remove(bench.BACKEND)
     t0 = time.time()
     rows = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
@@ -132,19 +159,12 @@ def run(args):
         timing = describe_timing(args.arch)
     else:
         timing = f"{runtime_threads()} threads for every system"
+    record = machine.record(target)
     header = (f"target {target}, {timing}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
-              f"{time.time() - t0:.0f}s in all")
-    print(header + "\n\n" + table)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"command": " ".join(sys.argv), "target": str(target), "timing": timing, "size": args.size,
-                       "rounds": args.rounds, "rows": [r.as_dict() for r in rows]}, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(header + "\n\n" + table + "\n")
+              f"{time.time() - t0:.0f}s in all\n\n{machine.describe(record)}")
+    _write(args, header, table, target, timing, rows, record)
     wrong = [r.workload for r in rows if not all(r.ok.values())]
     if wrong:
         print(f"error: outputs differ from the reference on {wrong}", file=sys.stderr)
         return 1
     return 0
-

@@ -6,8 +6,8 @@
   inputs or weights left in L2 by the call before.
 - `time_flushed(call, sync, flush, budget_s)`: single calls, each after a flush, each timed on the
   host clock from launch to device synchronization.
-- `peer(w, system, threads)`: the CUDA form of a peer (torch, torch.compile, onnxruntime), or why
-  it has none here.
+- `peer(w, system, threads)`: the CUDA form of a peer (torch, torch.compile with and without
+  freezing, onnxruntime), or why it has none here.
 
 Why not TVM's time_evaluator: in TVM 0.27 the VM's `time_evaluator` (tvm/runtime/vm.py) does not
 pass `cache_flush_bytes` on; the module-level one (tvm/runtime/module.py) does, but the C++ timer
@@ -147,14 +147,15 @@ def peer(w, system: str, threads: int):
     if system == "numpy":
         return "numpy is not a GPU system"
     x = w.inputs()
-    if system in ("torch", "torch.compile"):
+    if system in ("torch", "torch.compile", "torch.compile+freezing"):
         try:
             import torch
         except ImportError:
             return "torch is not installed"
         if not torch.cuda.is_available():
             return f"torch {torch.__version__} has no CUDA here (torch.cuda.is_available() is False)"
-        r = baselines.TorchRunner(w, threads, compiled=system == "torch.compile", device="cuda")
+        r = baselines.TorchRunner(w, threads, compiled=system != "torch", device="cuda",
+                                  freezing=system == "torch.compile+freezing")
         return {"call": r.run, "out": r(*x), "sync": torch.cuda.synchronize, "compile_s": r.compile_s}
     if system == "onnxruntime":
         try:
