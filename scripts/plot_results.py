@@ -22,11 +22,11 @@ import matplotlib.ticker  # noqa: E402
 BASE = "tvmfuse"
 # Peers in the order they are drawn; any other system found in the file follows them.
 PEERS = ("tvm", "vanilla tvm", "onnxruntime", "torch", "torch.compile",
-         "torch.compile (freezing)", "torch.compile[tvmfuse]")
+         "torch.compile+freezing", "torch.compile[tvmfuse]")
 LABELS = {"tvm": "stock FuseOps (tvmfuse schedules)", "vanilla tvm": "vanilla TVM (dlight)",
           "onnxruntime": "ONNX Runtime", "torch": "PyTorch eager",
           "torch.compile": "torch.compile (Inductor)",
-          "torch.compile (freezing)": "torch.compile (Inductor, freezing)",
+          "torch.compile+freezing": "torch.compile (Inductor, freezing)",
           "torch.compile[tvmfuse]": "torch.compile[tvmfuse]"}
 SKIPPED = {"none", "numpy", BASE}
 
