@@ -8,6 +8,12 @@ import pytest
 
 import tvmfuse
 from tvmfuse import workloads
+from tvmfuse.install import install_once
+
+# The suite's process runs as a program after its first tvmfuse build does, whichever test comes
+# first (a test that runs TVM kernels before any build would otherwise start TVM's pool at its own
+# default size). Import itself sets nothing: tests/test_import_side_effects.py checks that.
+install_once()
 
 _BUILDS = {}
 

@@ -1,9 +1,10 @@
-"""tvmfuse: operator fusion, default schedules and measurement on Apache TVM Relax."""
-from .target import bound_spinning as _bound_spinning, use_all_cores as _use_all_cores
+"""tvmfuse: operator fusion, default schedules and measurement on Apache TVM Relax.
 
-_use_all_cores()  # before any TVM kernel runs: TVM's default thread pool is half the cores on x86
-_bound_spinning()  # ... and its idle workers spin ~75 ms after every call, taking the cores
-
+Importing tvmfuse changes nothing in the process: no environment variable, no patch, no
+registration (tests/test_import_side_effects.py). What builds and runs need (TVM's thread pool
+settings, the "tvmfuse" TIR pipeline) is set up on first use, by `tvmfuse.install.install_once`.
+`tune` (MetaSchedule, the tuning workers) is loaded when first used.
+"""
 from . import workloads
 from .build import Compiled, build, prepare
 from .classify import classify
@@ -11,7 +12,6 @@ from .compare import Comparison, compare
 from .errors import FrontendError, TvmfuseError
 from .frontends import from_onnx, from_relay_text, from_torch, load, load_model
 from .runtime import Measurement, measure
-from .tuning import tune
 
 __all__ = ["workloads", "build", "prepare", "Compiled", "classify", "compare", "Comparison",
            "measure", "Measurement", "TvmfuseError", "FrontendError", "from_torch", "from_onnx",
@@ -23,3 +23,12 @@ try:  # the custom fusion API (tvmfuse.passes)
     __all__ += ["fuse", "explain"]
 except ImportError:  # pragma: no cover
     pass
+
+
+def __getattr__(name):  # PEP 562: names loaded on first access
+    if name == "tune":
+        from .tuning import tune
+
+        globals()["tune"] = tune
+        return tune
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

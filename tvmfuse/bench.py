@@ -36,6 +36,7 @@ import numpy as np
 from . import workloads
 from .baselines_tvm import build_vanilla
 from .build import build
+from .install import install_once
 from .runtime import dynamic_launches
 from .target import is_gpu, resolve, runtime_threads
 
@@ -207,6 +208,7 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
     """One Row for workload `name`: every system built, checked against the reference, then timed in
     `rounds` interleaved rounds (order rotated each round); ms is the median over all samples.
     target "cuda" (compiled for `arch`) needs a GPU; bench_gpu.no_gpu_reason() says whether."""
+    install_once()  # TVM's pool sized before any system runs; runtime_threads() agrees with it
     t0 = time.perf_counter()
     w = _load(name, size)
     import_s = time.perf_counter() - t0

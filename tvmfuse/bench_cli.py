@@ -27,15 +27,16 @@ def quiet_runtimes():
     """Several runtimes share the process and its cores: each may spin only briefly between its
     own calls, then sleep, or its idle workers steal the cores from the system timed next (PyTorch
     eager measured 40 ms instead of 0.5 ms next to TVM's default spin). TVM: tvmfuse's bounded
-    spin (target.bound_spinning, which `import tvmfuse` has already called; kept here so the
-    benchmark states its policy in one place).
+    spin (target.bound_spinning, set up with the thread count by install_once, which every build
+    also calls; called here so the benchmark states its policy in one place).
     ONNX Runtime: allow_spinning=0 (baselines.py; alone on MobileNetV2 it measured 4.63 ms so,
     6.48 ms spinning). PyTorch runs with libgomp's defaults: libgomp reads its environment when
-    torch loads, which `import tvmfuse` has done by now (OMP_WAIT_POLICY=PASSIVE, set here before,
-    never took effect; set in the shell, it made PyTorch eager 2.2x slower on MobileNetV2)."""
-    from .target import bound_spinning
+    torch loads, which `import tvm` has done by now (tvm_ffi imports torch where it is installed;
+    OMP_WAIT_POLICY=PASSIVE, set here before, never took effect; set in the shell, it made PyTorch
+    eager 2.2x slower on MobileNetV2)."""
+    from .install import install_once
 
-    bound_spinning()
+    install_once()
 
 
 def add_arguments(ap):

@@ -18,6 +18,7 @@ from tvm import relax
 
 from . import config, debug, pipeline
 from .errors import DeviceUnavailableError, InputError
+from .install import install_once
 from .passes.streaming_stores import register_pipeline
 from .relax_utils import call_tir_sites, static_shape
 from .target import resolve
@@ -40,6 +41,7 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
     """The pipeline's phases up to codegen (pipeline.py): the scheduled Relax module a build
     compiles, with tuned schedules from `tuning_logs` where a record beat the default."""
     check_module(mod)
+    install_once()
     opts = _options(target, fusion, tuning_logs, knobs)
     with opts.target, tvm.transform.PassContext(opt_level=3):
         return pipeline.run(mod, opts).mod
@@ -68,6 +70,7 @@ def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: st
     static, specialized (and tunable) kernels, a generic symbolic version covers every other size,
     and main dispatches at run time (passes/shape_buckets.py)."""
     check_module(mod)
+    install_once()  # thread pool, spin and the "tvmfuse" TIR pipeline, before any kernel runs
     if buckets:
         from .passes.shape_buckets import add_buckets
 
@@ -185,6 +188,7 @@ class Compiled:
         return dev
 
     def vm(self):
+        install_once()
         return relax.VirtualMachine(self.executable, self.device)
 
     def convert_inputs(self, arrays):

@@ -37,6 +37,7 @@ import tvm
 from tvm import relax
 
 from . import config
+from .install import install_once
 from .plan import Plan
 from .relax_utils import GRAPH_LOCK
 
@@ -180,6 +181,7 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
     build.py) under the caller's PassContext and target scope."""
     if until not in PHASES[:-1]:
         raise ValueError(f"run() stops at one of {PHASES[:-1]}, not {until!r}")
+    install_once()  # before fold_constants runs its first kernel (tvmfuse/install.py)
     out = Stages()
     for name in PHASES[: PHASES.index(until) + 1]:
         with GRAPH_LOCK if name in _BUILD_TE else contextlib.nullcontext():

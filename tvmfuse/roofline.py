@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from .install import install_once
 from .relax_utils import tensor_bytes
 
 
@@ -41,6 +42,7 @@ def last_level_cache_bytes():
 
 def bandwidth_gbs(n: int = 1 << 25) -> dict:
     """n float32 per array (default 128 MiB each, 4x a 32 MiB LLC)."""
+    install_once()  # the triad runs on TVM's pool, sized as for every build
     import tvm
     from tvm import te
 

@@ -18,6 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .install import install_once
 from .relax_utils import call_tir_sites, tensor_bytes
 from .target import is_gpu
 
@@ -238,6 +239,7 @@ def latency(compiled, args, number=None, repeat=15, min_repeat_ms=50, budget_s=3
 
 def measure(compiled, inputs, run: bool = True, repeat: int = 15) -> Measurement:
     """Static figures always; dynamic launches and latency when `run` and the device exists."""
+    install_once()
     fn = compiled.function_for(inputs)  # main, or the version of a bucketed build these inputs run
     nbytes, reads, writes = bytes_moved(compiled.mod, fn)
     m = Measurement(compiled.fusion, compiled.launches_of(fn), None, nbytes, reads, writes,

@@ -4,12 +4,14 @@ TVM's legalizers are written as `bb.call_te(topi_fn, *relax_args, **kw)`. `OpToT
 builder whose `call_te` maps the Relax arguments to TE tensors already built for the group (or to
 new placeholders for the group's inputs) and records the TE result instead of emitting a PrimFunc.
 Which builders record is kept per thread (see `_call_te`), so compositions may run in several
-threads at once; every other use of BlockBuilder.call_te is TVM's own.
+threads at once; every other use of BlockBuilder.call_te is TVM's own. The recording call_te is
+on BlockBuilder only while a legalizer composes TE for tvmfuse (`recording_call_te`), never after.
 So a fused group is ONE TE compute definition made of the ops' own computes. A legalizer that does
 anything else (emits several calls, returns a Relax expression) is refused: NotComposable.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import tvm
@@ -29,7 +31,9 @@ class _Recorded:
 
 
 _LOCAL = threading.local()  # per thread: [(OpToTE, BlockBuilder)] of the legalizer calls in flight
-_ORIG_CALL_TE = relax.BlockBuilder.call_te
+_ORIG_CALL_TE = relax.BlockBuilder.call_te  # read, not replaced: recording_call_te installs _call_te
+_PATCH_LOCK = threading.Lock()
+_PATCH_USERS = 0  # legalizer calls (all threads) inside recording_call_te
 
 
 def _recording(bb):
@@ -44,8 +48,9 @@ def _call_te(self, func, *args, **kwargs):
     """BlockBuilder.call_te: unchanged, except for a builder this thread handed to a legalizer for
     OpToTE, where the TE is recorded instead of emitted. A real BlockBuilder is needed because the
     legalizers reach it through FFI (which makes a new Python wrapper of the same object, so neither a
-    Python subclass nor an instance attribute survives); hence this one method, installed once, that
-    looks the builder up in a per-thread stack. Other builders and other threads see TVM's call_te."""
+    Python subclass nor an instance attribute survives); hence this one method, installed on the
+    class while tvmfuse composes (`recording_call_te`), that looks the builder up in a per-thread
+    stack. Other builders and other threads see TVM's call_te."""
     env = _recording(self)
     if env is None:
         return _ORIG_CALL_TE(self, func, *args, **kwargs)
@@ -57,7 +62,28 @@ def _call_te(self, func, *args, **kwargs):
     return _Recorded(list(out) if isinstance(out, (list, tuple, tvm_ffi.Array)) else [out])
 
 
-relax.BlockBuilder.call_te = _call_te
+@contextlib.contextmanager
+def recording_call_te():
+    """Install `_call_te` as relax.BlockBuilder.call_te for the duration, and TVM's own back after.
+
+    Scoped rather than installed on import: `import tvmfuse` patches nothing, and outside
+    tvmfuse's compositions BlockBuilder is TVM's. A subclass or a per-builder method cannot do it
+    (see `_call_te`: the legalizer gets a fresh wrapper of the builder through FFI), so the class
+    attribute is swapped, counted across threads: the first entry installs it, the last exit
+    restores TVM's (while any thread composes, the other threads' builders still get TVM's
+    call_te through `_call_te`, which records only for a builder this thread registered)."""
+    global _PATCH_USERS
+    with _PATCH_LOCK:
+        if _PATCH_USERS == 0:
+            relax.BlockBuilder.call_te = _call_te
+        _PATCH_USERS += 1
+    try:
+        yield
+    finally:
+        with _PATCH_LOCK:
+            _PATCH_USERS -= 1
+            if _PATCH_USERS == 0 and relax.BlockBuilder.__dict__.get("call_te") is _call_te:
+                relax.BlockBuilder.call_te = _ORIG_CALL_TE
 
 
 class OpToTE:
@@ -128,7 +154,7 @@ def op_to_te(call: relax.Call, env: OpToTE):
     stack = _LOCAL.__dict__.setdefault("stack", [])
     stack.append((env, bb))
     try:
-        with GRAPH_LOCK:  # topi's op tags are process-global (relax_utils.GRAPH_LOCK)
+        with GRAPH_LOCK, recording_call_te():  # topi's op tags are process-global (relax_utils.GRAPH_LOCK)
             res = fl(bb, call)
     except NotComposable:
         raise

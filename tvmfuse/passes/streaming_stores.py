@@ -44,7 +44,7 @@ from tvm import tirx
 log = logging.getLogger("tvmfuse.fusion")
 
 STREAM_ATTR = "tvmfuse.stream"
-PIPELINE = "tvmfuse"  # the TIR pipeline name tvmfuse.build compiles with (registered below)
+PIPELINE = "tvmfuse"  # the TIR pipeline name tvmfuse.build compiles with (register_pipeline)
 
 _STORE = """
 define internal void @tvmfuse_stream_f32x{n}(ptr %p, <{n} x float> %v) #0 {{
@@ -266,8 +266,11 @@ def _pipeline_factory():
 
 
 def register_pipeline() -> str:
-    """Register the "tvmfuse" TIR pipeline (TVM's s_tir pipeline, then StreamStores); its name."""
+    """Register the "tvmfuse" TIR pipeline (TVM's s_tir pipeline, then StreamStores); its name.
+    Idempotent: registered once per process, on first build (tvmfuse.install), never on import.
+    TVM 0.27's tvm.compile takes a TIR pipeline by name only, hence the registration."""
     from tvm.tirx import compilation_pipeline as cp
 
-    cp.register_tir_pipeline(PIPELINE, _pipeline_factory)
+    if cp.PIPELINE_MAP.get(PIPELINE) is not _pipeline_factory:
+        cp.register_tir_pipeline(PIPELINE, _pipeline_factory)
     return PIPELINE

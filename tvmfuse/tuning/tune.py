@@ -36,6 +36,7 @@ from tvm.s_tir.meta_schedule.measure_callback import PyMeasureCallback
 from tvm.ir.utils import derived_object
 
 from ..errors import DeviceUnavailableError
+from ..install import install_once
 from ..target import resolve
 from . import decisions, measure, rpc as rpc_mod, tasks as tasks_mod
 from .database import DurableDatabase, mean_secs, workload_key
@@ -86,6 +87,7 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
     `buckets`: as for `tvmfuse.build` (each bucket's static kernels are tasks with their own records;
     build with the same buckets and `tuning_logs` to apply them)."""
     t_start = time.time()
+    install_once()  # before the worker processes start: they inherit TVM's thread settings
     target = resolve(target)
     _check_device(target, rpc)
     s = _Session(target, target_dir(logs, target), rpc, evaluator_config, num_trials_per_iter, seed,
@@ -241,6 +243,7 @@ _RUNNER = None  # (key, runner)
 def _shared_build_pool():
     global _BUILD_POOL
     if _BUILD_POOL is None:
+        _end_at_exit()
         _BUILD_POOL = rpc_mod.BuildPool()
     return _BUILD_POOL
 
@@ -249,6 +252,7 @@ def _shared_runner(key):
     global _RUNNER
     if _RUNNER is None or _RUNNER[0] != key:
         _release_runner()
+        _end_at_exit()
         _RUNNER = (key, rpc_mod.runner(*key))
     return _RUNNER[1]
 
@@ -269,7 +273,10 @@ def release_workers() -> None:
     _release_runner()
 
 
-atexit.register(release_workers)
+def _end_at_exit() -> None:
+    """The end of the process ends the workers: registered once, with a pool, not on import."""
+    atexit.unregister(release_workers)
+    atexit.register(release_workers)
 
 
 def _cost_model():
