@@ -12,8 +12,8 @@ them, and `pipeline.Options.for_target` is the one place a build, a tuning run, 
 get their knobs from (so on CUDA all of them plan with layout_prologue=False).
 
 CPU schedule constants. The table itself is derived from the llvm target's ISA in
-`schedules/targets.py` (`cpu_table`); this module owns the overrides of its entries, which the
-table applies each time it is read:
+`schedules/targets.py` (`cpu_table`; its entries and their kinds in schedules/cpu_constants.py);
+this module owns the overrides of its entries, which the table applies each time it is read:
   1. `TVMFUSE_CPU_<KEY>=<value>` in the environment (`TVMFUSE_CPU_CONV_COLUMNS=4`,
      `TVMFUSE_CPU_WINOGRAD=0`, `TVMFUSE_CPU_WINOGRAD_TILES=4,2`), read on every call;
   2. `config.override(cpu={"conv_columns": 4})` scopes, innermost wins per key (knobs and CPU
