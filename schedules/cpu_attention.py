@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .attention import NEG, cdiv, index, kernel, minus1, mul, preamble, read_spec, signature, steps
 from .rule import ScheduleRule
-from .targets import CPU, num_cores
+from .targets import CPU, target_cores
 
 TASKS_PER_CORE = 4  # parallel tasks per core the query blocking keeps, where the sequence allows
 from .vector_math import exp_nonpositive
@@ -36,7 +36,7 @@ def kernel_source(spec, row_vector: int, row_groups: int, keys: int, key_unroll:
     if isinstance(sq, int):  # short queries (decode): one group
         row_groups = max(1, min(row_groups, -(-sq // row_vector)))
         while row_groups > 1 and isinstance(spec.bh, int) and \
-                spec.bh * -(-sq // (row_vector * row_groups)) < TASKS_PER_CORE * num_cores():
+                spec.bh * -(-sq // (row_vector * row_groups)) < TASKS_PER_CORE * target_cores():
             row_groups //= 2  # smaller query blocks: enough tasks for every core (12 heads on 16 cores)
     keys = max(key_unroll, keys // key_unroll * key_unroll)
     row_groups, keys = least_padding(sq, row_vector, row_groups, sk, key_unroll, keys)

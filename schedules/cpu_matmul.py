@@ -29,7 +29,7 @@ from .common import (block_bits, extent, join_tile, lanes, pack_at_build_time, s
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule
-from .targets import CPU, num_cores
+from .targets import CPU, target_cores
 
 
 class Matmul(ScheduleRule):
@@ -123,7 +123,7 @@ def _is_gemv(sch, block_rv) -> bool:
         return False  # a symbolic N: the blocked path pads it
     n = int(block.iter_vars[-2].dom.extent)
     panels = -(-n // (lanes(block_bits(sch, block_rv)) * CPU["mm_col_vectors"]))
-    if panels < num_cores():  # (77 columns are 3 panels of 32 on AVX-512: enough for 2 cores)
+    if panels < target_cores():  # (77 columns are 3 panels of 32 on AVX-512: enough for 2 cores)
         return False
     b_vars = set().union(*[row_chain.vars_in(rg.min) for rg in b_ops[0].region])
     return not (a_ops[0] & spatial) - b_vars  # A's spatial variables are all batch ones

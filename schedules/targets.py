@@ -2,8 +2,10 @@
 
 The CPU table is derived from the llvm target the rules schedule for (its `mcpu`, so the host's
 CPU for "llvm"): vector width and register count from the ISA, the matmul micro-kernel sized to
-the registers. `CPU` reads the table of the target being scheduled (`for_target`, which
-`apply_rules` enters), the host's outside of it; it is per thread and per build.
+the registers (the entries and their derivation: cpu_constants.py). `CPU` reads the table of the target being scheduled (`for_target`, which
+`apply_rules` enters), the host's outside of it; it is per thread and per build. Overrides of
+its entries (TVMFUSE_CPU_<KEY>, `tvmfuse.config.override(cpu=...)`) are owned, parsed and
+validated by tvmfuse/config.py; `cpu_table` applies those in force each time it is called.
 """
 from __future__ import annotations
 
@@ -12,151 +14,53 @@ import contextvars
 from collections.abc import Mapping
 from functools import lru_cache
 
-_COMMON = {
-    "max_vector_lanes": 16,
-    "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
-    "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
-    "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
-    "reduction_accumulators": 4,  # ... reduced into this many vector registers each (one would chain every add)
-    "reduction_block": 2048,  # ... swept block by block (8 KiB of float32: every sibling re-reads it from L1)
-    "row_accumulators": 2,  # a row reduction's partials: vector registers (more cost a longer per-row final sum)
-    "row_partials_tree": 16,  # ... and its partials summed to this many in vector form before the serial sum (0: off)
-    "transpose_tile": 16,  # a transposing copy is done in square tiles of this side
-    "mm_col_vectors": 2,  # micro-kernel width NR in vector registers: MR x NR/lanes accumulators
-    "conv_out_channels": 8,  # conv2d tile: output channels (a broadcast weight each) ...
-    "conv_rows": 2,  # ... x output rows ...
-    "conv_min_vector": 4,  # ... x a vector of output columns at least this wide
-    # a conv with at most this many reduction steps (in channels x kernel) writes its NCHW rows
-    # from a column tile rather than transposing a channel tile (cpu_conv._prefer_columns). znver4,
-    # interleaved A/B: 16->96 at 112x112 0.44 -> 0.25 ms, 24->144 at 56x56 0.17 -> 0.13; 64->64
-    # at 56x56 within 8%; 256->64 18% slower as columns
-    "conv_column_max_reduction": 32,
-    "conv_oc_vectors": 2,  # channel-vector conv tile: vector registers of output channels ...
-    # ... and at most this many accumulators in all: LLVM keeps a step's column broadcasts live
-    # beside them, so 32 registers do not hold 2 x 14 (znver4: 47 vectors spilled per 3x3 conv,
-    # 44-127 GFLOP/s); 2 x 8 spills none (about 200 GFLOP/s on the same shapes)
-    "conv_max_accumulators": 16,
-    # a 1x1 conv whose rows fill less than this % of the conv tile's columns runs as a matmul over
-    # its pixels (passes/conv1x1_matmul.py; AVX2: 7-wide rows fill 58%, 14-wide 78%)
-    "conv1x1_matmul_fill": 70,
-    # Winograd F(m x m, 3x3) for 3x3 stride-1 convs (passes/winograd.py), on
-    # maps at least this wide, with the tile m (of these) that does the fewest multiply-adds, whose
-    # transformed weight ((m+2)²/9 of W) is at most this many MiB
-    "winograd": 1,
-    "winograd_min_map": 7,
-    "winograd_tiles": (4, 2),
-    "winograd_max_weight_mib": 16,
-    # ... and for a weight that is an input (transformed on every call): at least this many FLOPs
-    # saved per byte that transform and the packing of its result move. A saved multiply-add costs
-    # about 4 ps at 200+ GFLOP/s and a byte from memory 25-30 ps at 35-40 GB/s (2 cores): 16 is
-    # twice that break-even (zoo's 64ch 56x56: 90, ResNet's 128ch 28x28: 23, 256ch 14x14: 5-8)
-    "winograd_runtime_flops_per_byte": 16,
-    # streaming (non-temporal) stores, x86 (passes/streaming_stores.py): a kernel whose working
-    # set is at least this % of the last-level cache streams each output of at least this %
-    # (an output that is a small part of a large working set, a gather's rows, stays cached)
-    "stream_working_set_pct": 100,
-    "stream_output_pct": 25,
-    "pool_max_window": 64,  # cpu.Pool: window elements unrolled per output vector (3x3, 7x7)
-    "attn_row_vectors": 2,  # flash attention (cpu_attention.py): query rows as vector lanes, per score tile
-    "attn_row_groups": 4,  # ... tiles of query rows per task (its Qᵀ copy is shared by all keys);
-    # fewer where the tasks would not keep every core busy (cpu_attention: >= 4 tasks per core)
-    "attn_keys": 32,  # ... keys per online-softmax step (one rescale of the accumulator each)
-    "attn_out_vectors": 2,  # ... P·V: accumulator chunk per query row, in vector registers
-    # stages calling these are not inlined into several consumers (recompute costs more than a re-read)
-    "costly_intrinsics": ("exp", "log", "tanh", "erf", "sigmoid", "pow", "sqrt", "rsqrt"),
-}
-
-# What the ISA gives: vector register width in bytes and the number of vector registers.
-_ISA = (  # (llvm feature, vector_bytes, vector_registers), first match wins
-    ("avx512f", 64, 32),
-    ("avx2", 32, 16),
-    ("avx", 32, 16),
-    ("neon", 16, 32),
-    ("sse2", 16, 16),
-)
+from .cpu_constants import COMMON, ISA, SCHEMA as CPU_SCHEMA, derived  # noqa: F401 (CPU_SCHEMA: re-exported)
 
 
 def _has(feature: str, target) -> bool:
+    """Whether llvm knows `feature` on `target` (False for a feature of another arch). No error is
+    caught here: a table derived from a failed query would be silently wrong."""
     from tvm.target import codegen
 
-    try:
-        return bool(codegen.target_has_features(feature, target))
-    except Exception:  # not an llvm target, or a feature llvm does not know for this arch
-        return False
+    return bool(codegen.target_has_features(feature, target))
 
 
 @lru_cache(maxsize=None)
-def _cpu_table(mcpu: str, mattr: tuple) -> dict:
+def _isa_table(mcpu: str, mattr: tuple) -> dict:
+    """The table the ISA of (mcpu, mattr) gives, before any override (cached: a pure function)."""
     import tvm
 
     spec = {"kind": "llvm", "mcpu": mcpu}
     if mattr:
         spec["mattr"] = list(mattr)
     target = tvm.target.Target(spec)
-    vbytes, regs = next(((b, r) for f, b, r in _ISA if _has(f, target)), (16, 16))
-    table = dict(_COMMON)
-    table.update(
-        vector_bytes=vbytes,  # the ISA's vector register width
-        # x86: a kernel whose working set is over the last-level cache writes its outputs with
-        # streaming (non-temporal) stores (passes/streaming_stores.py)
-        streaming_stores=int(_has("sse2", target)),
-        # the vector exp of x - rowmax(x) without the overflow edge (vector_math.py): with 32
-        # registers a softmax kernel is 20-30% faster; with AVX2's 16, LLVM unrolls the shorter
-        # loop 4x and spills 21 vectors, 10-17% slower (AVX2 code on znver4): off there
-        exp_row_max_shortcut=int(regs >= 32),
-        vector_registers=regs,
-        # micro-kernel height MR: MR x mm_col_vectors accumulators, plus the B vectors and the A
-        # broadcast, fit the registers (AVX-512: 8 x 2 of 32; AVX2: 4 x 2 of 16, measured best)
-        mm_rows=8 if regs >= 32 else 4,
-        # ... or as few as this where that pads at least 5% of M fewer rows (cpu_matmul.row_tile)
-        mm_rows_min=6 if regs >= 32 else 3,
-        # ... x this many output columns: an accumulator per (column, channel vector), plus the
-        # weight vectors and the input broadcast, fit the registers, up to conv_max_accumulators
-        # (AVX2 2 x 6, AVX-512 2 x 8). Measured on AVX2 over ResNet-50's convs: 57 GFLOP/s with
-        # 1 x 14, 84 with 2 x 6.
-        conv_columns=min((regs - _COMMON["conv_oc_vectors"] - 1) // _COMMON["conv_oc_vectors"],
-                         _COMMON["conv_max_accumulators"] // _COMMON["conv_oc_vectors"]),
-        # flash attention: attn_key_unroll keys x attn_row_vectors score accumulators in registers
-        # for QK, attn_pv_rows rows x attn_out_vectors accumulators for P·V (like the matmul's MR)
-        attn_key_unroll=8 if regs >= 32 else 4,
-        attn_pv_rows=8 if regs >= 32 else 4,
-    )
-    table.update(_OVERRIDES)
-    return table
-
-
-_OVERRIDES: dict = {}  # experiments: TVMFUSE_CPU_<KEY>=<int> in the environment (read once)
-
-
-def _read_overrides():
-    import os
-
-    for key, val in os.environ.items():
-        if key.startswith("TVMFUSE_CPU_") and val.strip().lstrip("-").isdigit():
-            _OVERRIDES[key[len("TVMFUSE_CPU_"):].lower()] = int(val)
-
-
-_read_overrides()
+    vbytes, regs = next(((b, r) for f, b, r in ISA if _has(f, target)), (16, 16))
+    return {**COMMON, **derived(vbytes, regs, _has("sse2", target))}
 
 
 def cpu_table(target=None) -> dict:
-    """The CPU constants for `target` (a tvm Target; None: the host)."""
+    """The CPU constants for `target` (a tvm Target; None: the host): the ISA's table with the
+    overrides in force applied (tvmfuse/config.py owns them: TVMFUSE_CPU_<KEY>, override(cpu=...)),
+    read at each call. A new dict each call: change entries with config.override, not in place."""
     from tvm.target import codegen
+
+    from tvmfuse.config import cpu_overrides  # tvmfuse sits above schedules: read at call time
 
     attrs = target.attrs if target is not None and target.kind.name == "llvm" else {}
     mcpu = str(attrs.get("mcpu") or codegen.llvm_get_system_cpu())
-    return _cpu_table(mcpu, tuple(str(a) for a in attrs.get("mattr") or ()))
+    return {**_isa_table(mcpu, tuple(str(a) for a in attrs.get("mattr") or ())), **cpu_overrides()}
 
 
-def num_cores() -> int:
-    """The cores the target's kernels run on (its num-cores; the host's for a target without)."""
+def target_cores() -> int:
+    """The cores the kernels of the target being scheduled run on: its num-cores (every target
+    tvmfuse.target.resolve makes has it), else tvmfuse.target.num_cores() (the one count of the host)."""
     t = _TARGET.get()
     n = t.attrs.get("num-cores") if t is not None and t.kind.name == "llvm" else None
     if n:
         return int(n)
-    import os
+    from tvmfuse.target import num_cores as host_cores
 
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return host_cores()
 
 
 _TARGET: contextvars.ContextVar = contextvars.ContextVar("tvmfuse_target", default=None)
@@ -209,8 +113,5 @@ CUDA = {
     "attn_key_split": 4,
     "attn_split_rows": 32,
     "attn_split_key_tile": 16,
-    # the fusion knob layout_prologue's default here: dlight's matmul reading a transposed
-    # non-constant weight inside the kernel measured slower than a transpose kernel + the matmul
-    # (H200, BERT-base with weights as inputs: 218.7 us against 28.8 + 153.2 per FFN matmul)
-    "layout_prologue": False,
+    # (the fusion knob layout_prologue's CUDA default is in tvmfuse/config.py: TARGET_DEFAULTS)
 }

@@ -101,9 +101,11 @@ def main(argv=None) -> int:
     ap.add_argument("--budget", type=float, default=0.3, help="seconds per timed batch")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
+    from tvmfuse.target import cpu_name, num_cores, resolve
+
+    os.environ.setdefault("TVM_NUM_THREADS", str(num_cores()))
     import tvmfuse
-    from tvmfuse.target import cpu_name, resolve
+    from tvmfuse import config
 
     import torch
 
@@ -112,7 +114,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(threads)
     shapes = SETS[args.set]
     rows = [int(i) for i in args.only.split(",") if i.strip()] or range(len(shapes))
-    overrides = {k: v for k, v in os.environ.items() if k.startswith("TVMFUSE_CPU_")}
+    overrides = config.cpu_overrides()  # TVMFUSE_CPU_<KEY>, checked
     print(f"CPU: {cpu_name()}; target {target}; threads {os.environ['TVM_NUM_THREADS']}; "
           f"overrides {overrides or 'none'}")
     print("| # | conv | out | count | rule | ms | GFLOP/s | torch ms | vs torch | count x ms |")

@@ -1,6 +1,6 @@
 """The knob layout_prologue (tvmfuse/config.py, passes/profitability.py): a transpose of a
 non-constant tensor in front of a matmul is fused into it on llvm and kept its own kernel on CUDA
-(the target table's default: schedules/targets.CUDA), unless the caller sets the knob."""
+(the target's knob default: config.TARGET_DEFAULTS), unless the caller sets the knob."""
 import logging
 
 import numpy as np

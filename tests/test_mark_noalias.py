@@ -54,9 +54,7 @@ class Dyn:
 
 def _codegen_module(compiled):
     """The module the build hands tvm.compile: its Relax lowered by the codegen phase."""
-    from tvmfuse.build import _options
-
-    opts = _options(compiled.target, compiled.fusion, None, {})
+    opts = pipeline.Options.for_target(compiled.target, compiled.fusion)
     with compiled.target, tvm.transform.PassContext(opt_level=3):
         return pipeline.phase("codegen", opts)(compiled.mod)
 

@@ -116,9 +116,7 @@ def _conv_module(c, hw, k):
 def test_conv_rule_numerics(c, hw, k, monkeypatch):
     """The direct conv rule (Winograd off: 24 channels on 20x20 would take F(2x2) with its weight
     transformed per call, tests/test_winograd.py)."""
-    import schedules.targets as targets
-
-    monkeypatch.setitem(targets.cpu_table(), "winograd", 0)
+    monkeypatch.setenv("TVMFUSE_CPU_WINOGRAD", "0")
     rng = np.random.default_rng(2)
     x = rng.standard_normal((1, c, hw, hw)).astype("float32")
     w = rng.standard_normal((c, c, k, k)).astype("float32")
@@ -455,7 +453,7 @@ def test_padding_epilogue_of_a_ragged_matmul_writes_its_border(dtype):
     memory held: fuzzing, seed 150). join_tile now enumerates a small joined nest and keeps the
     join only when it covers every point once. Checked on the kernel alone, its output filled
     with NaN first, so an unwritten point cannot pass by luck."""
-    from tvmfuse import config, pipeline
+    from tvmfuse import pipeline
     from tvmfuse.target import resolve
 
     bb = relax.BlockBuilder()
@@ -470,7 +468,7 @@ def test_padding_epilogue_of_a_ragged_matmul_writes_its_border(dtype):
         bb.emit_func_output(out)
     t = resolve("llvm")
     with t, tvm.transform.PassContext(opt_level=3):
-        mod = pipeline.run(bb.get(), pipeline.Options(t, "tvmfuse", config.knobs()), until="schedule").mod
+        mod = pipeline.run(bb.get(), pipeline.Options.for_target(t, "tvmfuse"), until="schedule").mod
     (kernel,) = [f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "pad" in gv.name_hint]
     assert str(kernel.attrs["tvmfuse.rule"]) == "cpu.Matmul"
     lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target="llvm")

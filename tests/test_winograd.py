@@ -63,9 +63,7 @@ def test_f4_tile_choice_is_refused_with_its_reason(monkeypatch):
 @pytest.mark.parametrize("m", [2, 4])
 def test_winograd_tiles_match_pytorch_at_every_tile_size(m, monkeypatch):
     """Each tile size alone on a ragged map (13x11: partial tiles, sliced) and a whole one."""
-    import schedules.targets as targets
-
-    monkeypatch.setitem(targets.cpu_table(), "winograd_tiles", (m,))
+    monkeypatch.setenv("TVMFUSE_CPU_WINOGRAD_TILES", str(m))
     for c, o, h, w in [(24, 40, 13, 11), (32, 32, 16, 16)]:
         rng = np.random.default_rng(m + h)
         wv = (rng.standard_normal((o, c, 3, 3)) * 0.2).astype("float32")
@@ -109,18 +107,15 @@ def test_winograd_must_not_fire(kw, why):
 def test_small_maps_and_large_weights_stay_direct(monkeypatch):
     """Profitability: a 6x6 map (under winograd_min_map) stays a direct conv, and so does a conv
     whose transformed weight is over winograd_max_weight_mib; TVMFUSE_CPU_WINOGRAD=0 turns it off."""
-    import schedules.targets as targets
-
     rng = np.random.default_rng(2)
     wv = (rng.standard_normal((16, 16, 3, 3)) * 0.2).astype("float32")
     bv = np.zeros((1, 16, 1, 1), "float32")
     small = tvmfuse.build(_module(16, 16, 6, 6, wv, bv), "llvm", "tvmfuse")
     assert not WINOGRAD_RULES & _rules(small)
-    table = targets.cpu_table()
-    monkeypatch.setitem(table, "winograd_max_weight_mib", 0)
+    monkeypatch.setenv("TVMFUSE_CPU_WINOGRAD_MAX_WEIGHT_MIB", "0")
     assert not WINOGRAD_RULES & _rules(tvmfuse.build(_module(16, 16, 10, 10, wv, bv), "llvm", "tvmfuse"))
-    monkeypatch.setitem(table, "winograd_max_weight_mib", 16)
-    monkeypatch.setitem(table, "winograd", 0)
+    monkeypatch.setenv("TVMFUSE_CPU_WINOGRAD_MAX_WEIGHT_MIB", "16")
+    monkeypatch.setenv("TVMFUSE_CPU_WINOGRAD", "0")
     assert not WINOGRAD_RULES & _rules(tvmfuse.build(_module(16, 16, 10, 10, wv, bv), "llvm", "tvmfuse"))
 
 

@@ -139,13 +139,14 @@ def run(args):
         args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
     try:
         systems, names = _selection(args)
+        target = resolve(args.target, arch=args.arch)  # once, for every workload
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     t0 = time.time()
     rows = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
-        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, args.target,
+        rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, target,
                                            args.logs, args.arch))
     table = bench.summary(rows, systems)
     if not args.no_roofline and not gpu:  # the roofline measures this CPU
@@ -153,7 +154,6 @@ def run(args):
 
         table += "\n\n" + bench.roofline_table(rows, args.size, systems, roofline.bandwidth_gbs(),
                                                roofline.matmul_peak_gflops(), roofline.last_level_cache_bytes())
-    target = resolve(args.target, arch=args.arch)
     if gpu:
         from .bench_gpu import describe_timing
 

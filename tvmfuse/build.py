@@ -6,8 +6,6 @@ module before lowering, what the measuring runtime reads).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import re
 import threading
 from functools import cached_property
@@ -21,19 +19,8 @@ from .errors import DeviceUnavailableError, InputError
 from .install import install_once
 from .passes.streaming_stores import register_pipeline
 from .relax_utils import call_tir_sites, static_shape
-from .target import resolve
 
 _KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\([^;{]*\)\s*\{")
-
-
-def _options(target, fusion, tuning_logs, knobs) -> pipeline.Options:
-    """The build's options, checked: target resolved once, variant known, knobs known and typed."""
-    t, k = resolve(target), config.knobs(**knobs)
-    if not config.explicit("layout_prologue", knobs):  # a per-target default (schedules/targets.py)
-        from schedules.targets import CUDA
-
-        k = dataclasses.replace(k, layout_prologue=t.kind.name != "cuda" or CUDA["layout_prologue"])
-    return pipeline.Options(t, pipeline.check_variant(fusion), k, tuning_logs)
 
 
 def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,
@@ -42,7 +29,7 @@ def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | N
     compiles, with tuned schedules from `tuning_logs` where a record beat the default."""
     check_module(mod)
     install_once()
-    opts = _options(target, fusion, tuning_logs, knobs)
+    opts = pipeline.Options.for_target(target, fusion, tuning_logs, **knobs)
     with opts.target, tvm.transform.PassContext(opt_level=3):
         return pipeline.run(mod, opts).mod
 
@@ -75,7 +62,7 @@ def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: st
         from .passes.shape_buckets import add_buckets
 
         mod = add_buckets(mod, buckets)
-    opts = _options(target, fusion, tuning_logs, knobs)
+    opts = pipeline.Options.for_target(target, fusion, tuning_logs, **knobs)
     session = debug.Session(config.debug_dir(debug_dir), name, opts.fusion, instruments)
     with opts.target, tvm.transform.PassContext(opt_level=3, instruments=session.instruments):
         stages = pipeline.run(mod, opts)

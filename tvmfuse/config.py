@@ -7,10 +7,23 @@ Where a value comes from, lowest precedence first:
   4. keywords of the call: `build(mod, fusion="tvmfuse", max_group_size=8)`.
 An unknown knob, at any level, is an `UnknownKnobError` that names the known ones.
 
+Per-target knob defaults (`TARGET_DEFAULTS`) sit between 1 and 2: `knobs(target=...)` applies
+them, and `pipeline.Options.for_target` is the one place a build, a tuning run, explain and viz
+get their knobs from (so on CUDA all of them plan with layout_prologue=False).
+
+CPU schedule constants. The table itself is derived from the llvm target's ISA in
+`schedules/targets.py` (`cpu_table`; its entries and their kinds in schedules/cpu_constants.py);
+this module owns the overrides of its entries, which the table applies each time it is read:
+  1. `TVMFUSE_CPU_<KEY>=<value>` in the environment (`TVMFUSE_CPU_CONV_COLUMNS=4`,
+     `TVMFUSE_CPU_WINOGRAD=0`, `TVMFUSE_CPU_WINOGRAD_TILES=4,2`), read on every call;
+  2. `config.override(cpu={"conv_columns": 4})` scopes, innermost wins per key (knobs and CPU
+     entries can be set in one scope: `override(sibling=False, cpu={...})`).
+A key the table does not have is an `UnknownKnobError` naming the known keys; a value of the
+wrong kind (an int entry given "four", a negative int) is a `ConfigError`. `cpu_overrides()`
+gives the overrides in force.
+
 Build options that are not fusion knobs: `TVMFUSE_DEBUG_DIR` (`debug_dir()`: where each build
-writes its debug folder, see tvmfuse/debug.py). The per-target schedule constants live in one table
-per target kind in `schedules/targets.py` (derived from the target's ISA; `TVMFUSE_CPU_<KEY>`
-overrides, `schedules.targets.for_target` scopes them).
+writes its debug folder, see tvmfuse/debug.py).
 """
 from __future__ import annotations
 
@@ -19,6 +32,8 @@ import contextvars
 import dataclasses
 import os
 from dataclasses import dataclass
+
+from schedules.cpu_constants import SCHEMA as CPU_SCHEMA
 
 from .errors import ConfigError, UnknownKnobError
 
@@ -31,9 +46,8 @@ class Knobs:
     stitch_reductions: bool = True  # several reductions over the same rows in one kernel (softmax)
     sibling: bool = True  # horizontal fusion of groups that read the same input
     attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (passes/match_attention.py)
-    # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it; unless set,
-    # the target's table decides (schedules/targets.py: on for llvm, whose packing stage absorbs it;
-    # off for CUDA, where dlight's matmul reading it transposed measured slower than the two kernels)
+    # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it (on for
+    # llvm, whose packing stage absorbs it; off for CUDA: TARGET_DEFAULTS)
     layout_prologue: bool = True
 
     def as_dict(self) -> dict:
@@ -44,6 +58,14 @@ KNOWN = tuple(f.name for f in dataclasses.fields(Knobs))
 _TYPES = {f.name: f.type for f in dataclasses.fields(Knobs)}
 _SCOPES: contextvars.ContextVar[dict] = contextvars.ContextVar("tvmfuse_knob_overrides", default={})
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+# Knob defaults per target kind, over the Knobs defaults and under everything a user sets.
+TARGET_DEFAULTS = {
+    # dlight's matmul reading a transposed non-constant weight inside the kernel measured slower
+    # than a transpose kernel + the matmul (H200, BERT-base with weights as inputs: 218.7 us
+    # against 28.8 + 153.2 per FFN matmul)
+    "cuda": {"layout_prologue": False},
+}
 
 
 def check_names(names, where: str = "fusion knob") -> None:
@@ -56,17 +78,25 @@ def check_names(names, where: str = "fusion knob") -> None:
 def _coerce(name: str, value, source: str):
     kind = _TYPES[name]
     if kind in (bool, "bool"):
-        if isinstance(value, bool):
-            return value
-        text = str(value).strip().lower()
-        if text in _TRUE or text in _FALSE:
-            return text in _TRUE
-        raise ConfigError(f"{source}={value!r}: expected a bool (one of {_TRUE + _FALSE})")
+        return _bool(value, source)
+    return _int(value, source, least=1)
+
+
+def _bool(value, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE or text in _FALSE:
+        return text in _TRUE
+    raise ConfigError(f"{source}={value!r}: expected a bool (one of {_TRUE + _FALSE})")
+
+
+def _int(value, source: str, least: int) -> int:
     if isinstance(value, bool) or not str(value).strip().lstrip("-").isdigit():
         raise ConfigError(f"{source}={value!r}: expected an int")
     out = int(value)
-    if out < 1:
-        raise ConfigError(f"{source}={value!r}: must be at least 1")
+    if out < least:
+        raise ConfigError(f"{source}={value!r}: must be at least {least}")
     return out
 
 
@@ -82,13 +112,16 @@ def _from_env() -> dict:
 
 
 _NOT_KNOBS = ("TVMFUSE_DEBUG_DIR",)  # build options, read by debug_dir()
-_NOT_KNOB_PREFIXES = ("TVMFUSE_CPU_",)  # schedule constants, read by schedules/targets.py
+_NOT_KNOB_PREFIXES = ("TVMFUSE_CPU_",)  # CPU table entries: cpu_overrides()
 
 
-def knobs(**overrides) -> Knobs:
-    """The knobs in force here: defaults < TVMFUSE_* environment < override() scopes < `overrides`."""
+def knobs(target=None, **overrides) -> Knobs:
+    """The knobs in force here: defaults < TARGET_DEFAULTS of `target` (a tvm Target, or None) <
+    TVMFUSE_* environment < override() scopes < `overrides`."""
     check_names(overrides)
-    values = {**_from_env(), **_SCOPES.get(), **{k: _coerce(k, v, k) for k, v in overrides.items()}}
+    per_target = TARGET_DEFAULTS.get(target.kind.name, {}) if target is not None else {}
+    scoped = {k: v for k, v in _SCOPES.get().items() if k != "cpu"}
+    values = {**per_target, **_from_env(), **scoped, **{k: _coerce(k, v, k) for k, v in overrides.items()}}
     return Knobs(**values)
 
 
@@ -98,14 +131,50 @@ def explicit(name: str, overrides=None) -> bool:
 
 
 @contextlib.contextmanager
-def override(**values):
-    """Scoped knob values (tests, one experiment): `with config.override(sibling=False): ...`."""
+def override(cpu: dict | None = None, **values):
+    """Scoped knob values (tests, one experiment): `with config.override(sibling=False): ...`;
+    `cpu={key: value}` scopes entries of the CPU schedule table (schedules/targets.py)."""
     check_names(values)
-    token = _SCOPES.set({**_SCOPES.get(), **{k: _coerce(k, v, k) for k, v in values.items()}})
+    scoped = {**_SCOPES.get(), **{k: _coerce(k, v, k) for k, v in values.items()}}
+    if cpu:
+        scoped["cpu"] = {**scoped.get("cpu", {}), **{k: _cpu_value(k, v, f"cpu[{k!r}]") for k, v in cpu.items()}}
+    token = _SCOPES.set(scoped)
     try:
         yield
     finally:
         _SCOPES.reset(token)
+
+
+# ------------------------------------------------------------------ CPU schedule table overrides
+_CPU_ENV = "TVMFUSE_CPU_"
+
+
+def _cpu_value(key: str, value, source: str):
+    """`value` as the CPU table's entry `key` takes it (the kind of its derived value)."""
+    if key not in CPU_SCHEMA:
+        raise UnknownKnobError(f"unknown CPU table key {key!r} ({source}); known: {sorted(CPU_SCHEMA)} "
+                               "(see schedules/cpu_constants.py)")
+    kind = CPU_SCHEMA[key]
+    if kind is bool:
+        return _bool(value, source)
+    if kind is int:
+        return _int(value, source, least=0)
+    items = value.split(",") if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)) or not items:
+        raise ConfigError(f"{source}={value!r}: expected a comma-separated list or a tuple")
+    if kind == "ints":
+        return tuple(_int(v, source, least=1) for v in items)
+    return tuple(str(v).strip() for v in items)
+
+
+def cpu_overrides() -> dict:
+    """The CPU table entries set here: TVMFUSE_CPU_<KEY> environment < override(cpu=...) scopes."""
+    found = {}
+    for key, value in os.environ.items():
+        if key.startswith(_CPU_ENV):
+            name = key[len(_CPU_ENV):].lower()
+            found[name] = _cpu_value(name, value, key)
+    return {**found, **_SCOPES.get().get("cpu", {})}
 
 
 def debug_dir(explicit: str | os.PathLike | None = None) -> str | None:

@@ -40,6 +40,8 @@ from . import config
 from .install import install_once
 from .plan import Plan
 from .relax_utils import GRAPH_LOCK
+from .target import resolve
+from .tuning.apply import apply_logs
 
 VARIANTS = ("none", "tvm", "tvmfuse")
 _BUILD_TE = ("normalize", "fold_constants", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
@@ -49,11 +51,20 @@ PHASES = ("normalize", "fold_constants", "fuse", "mark_constants", "apply_tuning
 
 @dataclass(frozen=True)
 class Options:
-    """What one build is asked for. `target` is a resolved tvm.target.Target."""
+    """What one build is asked for. `target` is a resolved tvm.target.Target. Make one with
+    `for_target`: the one place the knobs of a build, a tuning run, explain and viz are decided."""
     target: tvm.target.Target
     fusion: str = "tvm"
     knobs: config.Knobs = config.Knobs()
     tuning_logs: str | None = None
+
+    @classmethod
+    def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, **knobs) -> "Options":
+        """Checked options: `target` resolved (once: a Target is kept as it is), the variant known,
+        the knobs known and typed, over the target's knob defaults (config.TARGET_DEFAULTS:
+        layout_prologue off on CUDA)."""
+        t = resolve(target)
+        return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs)
 
 
 @dataclass
@@ -147,8 +158,6 @@ def phase_passes(phase: str, opts: Options) -> list:
     if phase == "apply_tuning":
         if not opts.tuning_logs:
             return []
-        from .tuning import apply_logs
-
         return [_function_pass("ApplyTuningLogs", lambda m: apply_logs(m, t, opts.tuning_logs))]
     if phase == "schedule":
         from .roofline import stamp_flops
@@ -196,19 +205,15 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
 
 def fold_constants(mod: tvm.IRModule, target="llvm") -> tvm.IRModule:
     """The graph the fusion planner sees in a build of `mod` (normalize + fold_constants)."""
-    from .target import resolve
-
-    t = resolve(target)
-    with t, tvm.transform.PassContext(opt_level=3):
-        return run(mod, Options(t, "tvmfuse", config.knobs()), until="fold_constants").planned
+    opts = Options.for_target(target, "tvmfuse")
+    with opts.target, tvm.transform.PassContext(opt_level=3):
+        return run(mod, opts, until="fold_constants").planned
 
 
-def plan(mod: tvm.IRModule, target="llvm", knobs: config.Knobs | None = None) -> Stages:
+def plan(mod: tvm.IRModule, target="llvm", **knobs) -> Stages:
     """Run the pipeline through "fuse" for the tvmfuse variant: the planned graph and its Plan,
-    without scheduling or compiling (what explain and viz show for a module not built)."""
-    from .target import resolve
-
-    t = resolve(target)
-    opts = Options(t, "tvmfuse", knobs if knobs is not None else config.knobs())
-    with t, tvm.transform.PassContext(opt_level=3):
+    without scheduling or compiling (what explain and viz show for a module not built). `knobs`
+    as for tvmfuse.build, over the target's defaults (Options.for_target)."""
+    opts = Options.for_target(target, "tvmfuse", **knobs)
+    with opts.target, tvm.transform.PassContext(opt_level=3):
         return run(mod, opts, until="fuse")

@@ -349,7 +349,7 @@ def run(models, size="small", target="llvm", out="report.html", logs=None,
                       name=f"{name} [{size}]", rtol=w.rtol, atol=w.atol, run=can_run, repeat=repeat, **tuned)
         cmp.target = target
         entries.append(profile(Entry(cmp.name, w.mod, cmp, ins if can_run else None, tuning_logs=logs), tgt))
-    return write(out, entries, target, tuning_curves(logs, target))
+    return write(out, entries, target, tuning_curves(logs, tgt))
 
 
 def from_comparisons(path, names, size, comparisons, target="llvm", logs=None, run=True) -> str:
@@ -357,9 +357,10 @@ def from_comparisons(path, names, size, comparisons, target="llvm", logs=None, r
     the per-kernel profiles of the builds the Comparisons measured."""
     from .target import resolve
 
+    tgt = resolve(target)  # once, for every entry and the tuning curves
     entries = []
     for name, cmp in zip(names, comparisons):
         w = _load(name, size)
         entry = Entry(cmp.name, w.mod, cmp, w.inputs() if run else None, tuning_logs=logs)
-        entries.append(profile(entry, resolve(target)))
-    return write(path, entries, str(cmp.target) if comparisons else str(target), tuning_curves(logs, target))
+        entries.append(profile(entry, tgt))
+    return write(path, entries, str(cmp.target) if comparisons else str(target), tuning_curves(logs, tgt))

@@ -77,12 +77,13 @@ def tensor_label(ty) -> str:
 
 
 # ---------------------------------------------------------------------------------------- graph
-def fusion_graph(mod, func_name: str = "main", **knobs) -> FusionGraph:
+def fusion_graph(mod, func_name: str = "main", target="llvm", **knobs) -> FusionGraph:
     """The op graph of `mod[func_name]` with the groups and refusals of tvmfuse's fusion plan.
-    `mod` is a module (planned as a tvmfuse build plans it) or a tvmfuse `Compiled` (its own plan)."""
+    `mod` is a module (planned as a tvmfuse build for `target` plans it) or a tvmfuse `Compiled`
+    (its own plan)."""
     from .passes.api import plan_of
 
-    mod, plan = plan_of(mod, **knobs)
+    mod, plan = plan_of(mod, target, **knobs)
     func = mod[func_name]
     G = nx.DiGraph()
     fg = FusionGraph(G, plan=plan)

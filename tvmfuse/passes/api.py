@@ -1,4 +1,4 @@
-"""Public fusion API: `tvmfuse.fuse(mod, **knobs)` and `tvmfuse.explain(mod_or_compiled, **knobs)`."""
+"""Public fusion API: `tvmfuse.fuse(mod, **knobs)` and `tvmfuse.explain(mod_or_compiled, target, **knobs)`."""
 from __future__ import annotations
 
 from .. import config
@@ -11,9 +11,10 @@ def fuse(mod, **knobs):
     return FuseGroupsTE(knobs=config.knobs(**knobs))(mod)
 
 
-def plan_of(mod_or_compiled, **knobs):
+def plan_of(mod_or_compiled, target="llvm", **knobs):
     """(planned graph, Plan): a build's own (a `Compiled` of the tvmfuse variant), else the plan a
-    tvmfuse build of the module makes (the pipeline through its fuse phase, run once)."""
+    tvmfuse build of the module for `target` makes (the pipeline through its fuse phase, run once,
+    with the knobs such a build has: pipeline.Options.for_target)."""
     from ..build import Compiled
     from ..pipeline import plan
 
@@ -24,11 +25,12 @@ def plan_of(mod_or_compiled, **knobs):
             raise ValueError(f"this module was built with fusion={mod_or_compiled.fusion!r}: only a "
                              "fusion='tvmfuse' build has a tvmfuse plan")
         return mod_or_compiled.planned, mod_or_compiled.plan
-    stages = plan(mod_or_compiled, knobs=config.knobs(**knobs))
+    stages = plan(mod_or_compiled, target, **knobs)
     return stages.planned, stages.plan
 
 
-def explain(mod_or_compiled, **knobs) -> str:
+def explain(mod_or_compiled, target="llvm", **knobs) -> str:
     """Text: every fused group with the op classes inside, every group TE lowering refused, and every
-    refused merge with its rule. Of a `Compiled`, its own plan; of a module, a tvmfuse build's plan."""
-    return plan_of(mod_or_compiled, **knobs)[1].explain()
+    refused merge with its rule. Of a `Compiled`, its own plan; of a module, the plan of a tvmfuse
+    build for `target`."""
+    return plan_of(mod_or_compiled, target, **knobs)[1].explain()

@@ -6,7 +6,8 @@ the second read of their shared input. An elementwise producer that ends up upst
 compute-heavy op of the merged group (directly, or through layout ops such as reshape/permute
 that only remap its indices) is recomputed once per reduction step: refused unless allow_recompute.
 A transpose that would end up upstream of a compute-heavy op is refused when the knob
-layout_prologue is off (CUDA's default: dlight's matmul reads it uncoalesced).
+layout_prologue is off (CUDA's default, config.TARGET_DEFAULTS: dlight's matmul reads it
+uncoalesced). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
         n = recomputed[0]
         return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy {anchor} "
                       "(allow_recompute=False)")
-    if not knobs.get("layout_prologue", True):
+    if not knobs["layout_prologue"]:
         transposed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
                       if g.by_idx[i].op in TRANSPOSES]
         if transposed:

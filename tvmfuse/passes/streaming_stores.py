@@ -240,7 +240,9 @@ def rewrite_function(func, lanes: int, tasks: int):
 @tvm.transform.module_pass(opt_level=0, name="tvmfuse.StreamStores")
 def StreamStores(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
     """The rewrite of every function MarkStreamingStores marked (after TVM's TIR lowering)."""
-    from schedules.targets import cpu_table, num_cores
+    from schedules.targets import cpu_table
+
+    from ..target import num_cores
 
     updates = {}
     for gv, func in mod.functions_items():

@@ -10,6 +10,18 @@ from .apply import apply_logs
 from .curves import curves
 from .keys import target_key
 from .merge import merge
-from .tune import TuneResult, tune
 
 __all__ = ["tune", "TuneResult", "apply_logs", "curves", "merge", "target_key"]
+
+
+def __getattr__(name):
+    """`tune` and `TuneResult`, imported when first asked for: tune.py is a client of the pipeline
+    (tasks.py runs it), and pipeline.py imports apply.py from this package, so importing them here
+    would import the pipeline back into itself."""
+    if name in ("tune", "TuneResult"):
+        import importlib
+
+        module = importlib.import_module(".tune", __name__)
+        globals().update(tune=module.tune, TuneResult=module.TuneResult)  # the function, not the module
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

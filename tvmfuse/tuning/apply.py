@@ -20,7 +20,7 @@ from tvm.s_tir import meta_schedule as ms
 from . import decisions
 from .database import DurableDatabase, workload_key
 from .keys import target_dir, target_key
-from .tasks import normalize, own_attrs, tuning_form
+from .tir_form import normalize, own_attrs, tuning_form
 
 log = logging.getLogger("tvmfuse.tuning")
 

@@ -106,6 +106,7 @@ def _warm_build_worker() -> None:
     import tvm.s_tir.transform  # noqa: F401
 
     import schedules  # noqa: F401
+    import tvmfuse.config  # noqa: F401 (the CPU table reads its overrides at call time)
 
 
 @derived_object
