@@ -91,6 +91,14 @@ def test_the_import_graph_is_read():
     assert ("tvmfuse.build", "tvmfuse") not in g.edges  # `from . import x` is an edge to x alone
 
 
+def test_the_loader_sits_above_the_zoo_and_the_models():
+    """load_model imports the zoo and the models; neither imports it (nor the frontends' package)."""
+    g = import_graph()
+    assert {"tvmfuse.models", "tvmfuse.workloads"} <= set(g.successors("tvmfuse.frontends.load"))
+    for low in ("tvmfuse.models", "tvmfuse.workloads", "tvmfuse.workload"):
+        assert not {"tvmfuse.frontends.load", "tvmfuse.frontends"} & nx.descendants(g, low), low
+
+
 def test_no_import_cycles():
     g = import_graph()
     cycles = sorted(sorted(c) for c in nx.strongly_connected_components(g) if len(c) > 1)
