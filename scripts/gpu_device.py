@@ -23,8 +23,8 @@ For each case of manifest.json (written by `gpu_check.py prepare`, tvmfuse/gpu_c
 Writes gpu-run.json and gpu-run.md into --out and prints the table.
 
 This file drives the run (main, run_isolated, run_group, tvm_system); its siblings hold the rest:
-gpu_env.py (runtime-only TVM, device facts, flush and timing), gpu_reference.py (inputs,
-references, torch peers) and gpu_report.py (the tables).
+gpu_env.py (runtime-only TVM, torch, device facts, flush and timing), gpu_reference.py (inputs,
+references, torch peers) and gpu_report.py (the tables, gpu-run.json and gpu-run.md).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ sys.path.insert(0, HERE)  # its siblings: gpu_reference.py (inputs, references, 
 
 from gpu_reference import (attention_reference, compare, inputs_digest, load_torch_forms,  # noqa: E402,F401
                            make_inputs, torch_peers, zoo_reference)
-from gpu_report import _numerics, tables  # noqa: E402
-from gpu_env import Flush, device_facts, setup_runtime, time_flushed  # noqa: E402,F401
+from gpu_report import _numerics, not_run, write_run  # noqa: E402
+from gpu_env import Flush, device_facts, import_torch, setup_runtime, time_flushed  # noqa: E402,F401
 NO_GPU_EXIT = 3
 PEER_NAMES = ("torch", "torch eager", "torch sdpa fp32", "torch sdpa fp16 flash")  # do not fail the run
 
@@ -275,22 +275,15 @@ def run_isolated(args, argv) -> int:
         return rc_all or 1
     wall = time.perf_counter() - t_start
     command = " ".join(["python3 scripts/gpu_check.py run", shlex.join(argv)]).strip()
-    os.makedirs(args.out, exist_ok=True)
     timing = last["timing"].rsplit(";", 1)[0] + f"; each group in its own process; {wall:.0f}s in all"
-    result = dict(last, command=command, timing=timing, rows=rows)
-    with open(os.path.join(args.out, "gpu-run.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    table = tables(rows)
     facts, prep = last.get("facts", {}), manifest["prepared"]
     header = (f"{facts.get('device')} ({facts.get('nvidia_smi', '')}); cases built {prep['date']} for "
               f"{prep['target']} at git {prep['git'][:10]}; torch {facts.get('torch', '-')}")
-    with open(os.path.join(args.out, "gpu-run.md"), "w") as f:
-        f.write(f"`{command}`\n\n(cases: `{prep['command']}`)\n\n{header}\n\n{timing}\n\n{table}\n")
-    print(f"\n{header}\n{timing}\n\n{table}\n\nwrote {args.out}/gpu-run.json and gpu-run.md")
+    write_run(args.out, dict(last, command=command, timing=timing, rows=rows), header)
     return rc_all
 
 
-def main(argv=None) -> int:
+def _parser():
     ap = argparse.ArgumentParser(prog="gpu_check.py run", description="Run prepared cases with runtime-only TVM.")
     ap.add_argument("--dir", default=os.path.join(".devbundle", "cases"))
     ap.add_argument("--bundle", default=".devbundle", help="holds site/ (runtime-only tvm) and cudart/")
@@ -304,8 +297,54 @@ def main(argv=None) -> int:
     ap.add_argument("--no-torch", action="store_true", help="do not import torch (CPU self-test)")
     ap.add_argument("--isolate", action="store_true",
                     help="each group in its own process: a crash (a segfault) costs that group only")
+    return ap
+
+
+def _run_groups(manifest, args, dev, torch, forms, flush, budget_left) -> list:
+    """One row per group of the manifest's cases (those in --only), a group whose cases all failed
+    to build included (its systems skipped with the build error)."""
+    groups = {}
+    for c in manifest["cases"]:
+        groups.setdefault(c["group"], []).append(c)
+    not_built = {}
+    for f in manifest.get("failed", []):
+        groups.setdefault(f["group"], [])
+        not_built.setdefault(f["group"], {})[f["system"]] = f"build failed at prepare: {f['error']}"
+    only = {g.strip() for g in args.only.split(",") if g.strip()}
+    rows = []
+    for g, cases in groups.items():
+        if only and g not in only:
+            continue
+        t0 = time.perf_counter()
+        if cases:
+            row = run_group(g, cases, args, dev, torch, forms, flush, budget_left)
+        else:
+            row = {"group": g, "workload": g, "attention": None, "systems": {}, "skipped": {}, "errors": {}}
+        row["skipped"].update(not_built.get(g, {}))
+        rows.append(row)
+        brief = ", ".join(f"{n} {s['ms']:.3f}" for n, s in row["systems"].items() if s.get("ms") is not None)
+        print(f"{g}: {brief} ms | {_numerics(row)} | {time.perf_counter() - t0:.1f}s", flush=True)
+    return rows
+
+
+def _write_results(rows, manifest, args, argv, env, facts, flush, wall) -> None:
+    """gpu-run.json and gpu-run.md into --out, and the table printed."""
+    prep = manifest["prepared"]
+    command = " ".join(["python3 scripts/gpu_check.py run", shlex.join(argv)]).strip()
+    timing = (f"medians of single calls, each after a flush ({flush.how}), host clock from the call to device "
+              f"synchronization; {args.rounds} interleaved rounds x {args.budget}s per system; {wall:.0f}s in all")
+    header = (f"{facts.get('device')} ({facts.get('nvidia_smi', '')}); cases built {prep['date']} "
+              f"for {prep['target']} at git {prep['git'][:10]}"
+              + (f" (+ uncommitted {', '.join(prep['git_modified'])})" if prep.get("git_modified") else "")
+              + f"; runtime-only TVM {env['tvm']}; torch {facts.get('torch', '-')}")
+    result = {"command": command, "prepare_command": prep["command"], "facts": facts, "env": env,
+              "prepared": prep, "timing": timing, "rows": rows}
+    write_run(args.out, result, header, not_run(rows) + "\n")
+
+
+def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = ap.parse_args(argv)
+    args = _parser().parse_args(argv)
     if args.isolate:
         return run_isolated(args, argv)
     t_start = time.perf_counter()
@@ -319,16 +358,7 @@ def main(argv=None) -> int:
     env = setup_runtime(args.bundle, args.device)
     import tvm
 
-    torch = None
-    if not args.no_torch:
-        try:
-            import torch
-
-            # float32 peers in full float32 (cuDNN convolutions default to TF32 on Ampere and later)
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-        except ImportError:
-            torch = None
+    torch = import_torch(args.no_torch)
     dev = tvm.cuda(0) if args.device == "cuda" else tvm.cpu(0)
     if args.device == "cuda" and not dev.exist:
         print(f"error: tvm.cuda(0) does not exist (no CUDA GPU, or TVM's CUDA runtime did not load: {env}); "
@@ -338,61 +368,16 @@ def main(argv=None) -> int:
     if torch is not None:
         try:
             forms = load_torch_forms()
-        except Exception as err:  # noqa: BLE001
+        except Exception as err:  # noqa: BLE001  the zoo's torch forms missing: the peers are skipped, the check runs
             env["torch_forms"] = f"error: {err}"
     facts = device_facts(args.device, torch, dev)
     flush = Flush(args.device, torch)
-    groups = {}
-    for c in manifest["cases"]:
-        groups.setdefault(c["group"], []).append(c)
-    only = {g.strip() for g in args.only.split(",") if g.strip()}
-    budget_left = lambda: args.max_seconds - (time.perf_counter() - t_start)
-    rows = []
     print(f"{facts.get('device')} | tvm {env['tvm']} runtime-only={env['runtime_only']} | "
-          f"{len(manifest['cases'])} cases, {len(groups)} groups | flush: {flush.how}", flush=True)
-    not_built = {}
-    for f in manifest.get("failed", []):
-        groups.setdefault(f["group"], [])
-        not_built.setdefault(f["group"], {})[f["system"]] = f"build failed at prepare: {f['error']}"
-    for g, cases in groups.items():
-        if only and g not in only:
-            continue
-        t0 = time.perf_counter()
-        if cases:
-            row = run_group(g, cases, args, dev, torch, forms, flush, budget_left)
-        else:
-            row = {"group": g, "workload": g, "attention": None, "systems": {}, "skipped": {}, "errors": {}}
-        row["skipped"].update(not_built.get(g, {}))
-        rows.append(row)
-        brief = ", ".join(f"{n} {s['ms']:.3f}" for n, s in row["systems"].items() if s.get("ms") is not None)
-        print(f"{g}: {brief} ms | {_numerics(row)} | {time.perf_counter() - t0:.1f}s", flush=True)
-    wall = time.perf_counter() - t_start
-    command = " ".join(["python3 scripts/gpu_check.py run", shlex.join(argv)]).strip()
-    timing = (f"medians of single calls, each after a flush ({flush.how}), host clock from the call to device "
-              f"synchronization; {args.rounds} interleaved rounds x {args.budget}s per system; {wall:.0f}s in all")
-    header = (f"{facts.get('device')} ({facts.get('nvidia_smi', '')}); cases built {manifest['prepared']['date']} "
-              f"for {manifest['prepared']['target']} at git {manifest['prepared']['git'][:10]}"
-              + (f" (+ uncommitted {', '.join(manifest['prepared']['git_modified'])})"
-                 if manifest["prepared"].get("git_modified") else "") + "; runtime-only TVM "
-              f"{env['tvm']}; torch {facts.get('torch', '-')}")
-    table = tables(rows)
-    os.makedirs(args.out, exist_ok=True)
-    result = {"command": command, "prepare_command": manifest["prepared"]["command"], "facts": facts, "env": env,
-              "prepared": manifest["prepared"], "timing": timing, "rows": rows}
-    with open(os.path.join(args.out, "gpu-run.json"), "w") as f:
-        json.dump(result, f, indent=1, default=str)
-    with open(os.path.join(args.out, "gpu-run.md"), "w") as f:
-        f.write(f"`{command}`\n\n(cases: `{manifest['prepared']['command']}`)\n\n{header}\n\n{timing}\n\n{table}\n")
-    by_reason = {}
-    for r in rows:
-        for n, why in r["skipped"].items():
-            by_reason.setdefault((n, why), []).append(r["group"])
-    skipped = [f"- {n} ({why}): " + ("every group" if len(gs) == len(rows) > 1 else ", ".join(gs))
-               for (n, why), gs in by_reason.items()]
-    notes = "\n".join(["", "Not run:"] + skipped) if skipped else ""
-    with open(os.path.join(args.out, "gpu-run.md"), "a") as f:
-        f.write(notes + "\n")
-    print(f"\n{header}\n{timing}\n\n{table}\n{notes}\n\nwrote {args.out}/gpu-run.json and gpu-run.md")
+          f"{len(manifest['cases'])} cases, {len({c['group'] for c in manifest['cases']})} groups | "
+          f"flush: {flush.how}", flush=True)
+    budget_left = lambda: args.max_seconds - (time.perf_counter() - t_start)  # noqa: E731
+    rows = _run_groups(manifest, args, dev, torch, forms, flush, budget_left)
+    _write_results(rows, manifest, args, argv, env, facts, flush, time.perf_counter() - t_start)
     bad = [r["group"] for r in rows if set(r["errors"]) - set(PEER_NAMES)
            or not all(s.get("ok") for s in r["systems"].values() if not s.get("peer"))]
     if bad:

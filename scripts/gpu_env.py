@@ -140,6 +140,20 @@ class Flush:
             self.buf.fill(1)
 
 
+def import_torch(no_torch: bool):
+    """torch for the references and peers, or None (--no-torch, or not installed)."""
+    if no_torch:
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    # float32 peers in full float32 (cuDNN convolutions default to TF32 on Ampere and later)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    return torch
+
+
 def device_facts(device, torch, dev):
     facts = {"host": platform.node(), "python": platform.python_version(), "machine": platform.machine()}
     try:

@@ -32,7 +32,7 @@ def load_torch_forms():
 
 
 def make_inputs(case, case_dir="."):
-    """The case's inputs exactly as tvmfuse.workloads.Workload.inputs() makes them; a model's as
+    """The case's inputs exactly as tvmfuse.workload.Workload.inputs() makes them; a model's as
     its input_gen says (stored in inputs_file, or tvmfuse.gpu_cases.generated_weight)."""
     import numpy as np
 

@@ -1,5 +1,9 @@
-"""The run half of the GPU check (scripts/gpu_device.py): gpu-run.md's tables from the rows."""
+"""The run half of the GPU check (scripts/gpu_device.py): gpu-run.md's tables from the rows, and
+the gpu-run.json / gpu-run.md it writes."""
 from __future__ import annotations
+
+import json
+import os
 
 
 def _ms(row, n):
@@ -63,3 +67,27 @@ def _numerics(r):
     unbuilt = [n for n, why in r["skipped"].items() if why.startswith("build failed")]
     tail += f"; not built: {', '.join(unbuilt)}" if unbuilt else ""
     return ("ok" if not bad else "FAIL " + ", ".join(bad)) + tail
+
+
+def not_run(rows) -> str:
+    """gpu-run.md's "Not run:" list: each skipped system with its reason and the groups ("" if none)."""
+    by_reason = {}
+    for r in rows:
+        for n, why in r["skipped"].items():
+            by_reason.setdefault((n, why), []).append(r["group"])
+    skipped = [f"- {n} ({why}): " + ("every group" if len(gs) == len(rows) > 1 else ", ".join(gs))
+               for (n, why), gs in by_reason.items()]
+    return "\n".join(["", "Not run:"] + skipped) if skipped else ""
+
+
+def write_run(out, result, header, tail="") -> None:
+    """gpu-run.json (`result`) and gpu-run.md (the command, header, timing, tables, then `tail`)
+    into `out`, and the same printed."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "gpu-run.json"), "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    table = tables(result["rows"])
+    command, timing = result["command"], result["timing"]
+    with open(os.path.join(out, "gpu-run.md"), "w") as f:
+        f.write(f"`{command}`\n\n(cases: `{result['prepared']['command']}`)\n\n{header}\n\n{timing}\n\n{table}\n{tail}")
+    print(f"\n{header}\n{timing}\n\n{table}\n{tail}\nwrote {out}/gpu-run.json and gpu-run.md")

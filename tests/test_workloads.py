@@ -54,3 +54,26 @@ def test_unknown_workload_lists_the_names():
 def test_unknown_size_is_named():
     with pytest.raises(UnknownWorkloadError, match="huge"):
         workloads.get("softmax_chain", "huge")
+
+
+def test_one_workload_type_for_the_zoo_the_models_and_model_files():
+    """The zoo, the real models and model files are one type (tvmfuse/workload.py): a model's is
+    made by Workload.imported, with its inputs' specs and the FLOPs counted from its graph."""
+    import tvmfuse
+    from tvmfuse import roofline
+    from tvmfuse.workload import Workload
+
+    z = workloads.get("mlp_block")
+    assert type(z) is Workload and z.zoo and not z.memory_bound
+    assert type(tvmfuse.load("mlp_block")) is Workload
+    m = Workload.imported("mlp", z.mod, z.inputs(), z.reference, size="small")
+    assert not m.zoo and m.input_specs == z.input_specs
+    assert m.flops == roofline.graph_flops(z.mod) > 0 and not m.memory_bound
+    assert roofline.minimal_bytes(m) == roofline.minimal_bytes(z)
+    x = m.inputs()
+    x[0][...] = 0  # each call gets fresh copies of the fixed inputs
+    np.testing.assert_array_equal(m.inputs()[0], z.inputs()[0])
+    np.testing.assert_allclose(m.reference(*m.inputs()), z.reference(*z.inputs()))
+    assert Workload.imported("no-ref", z.mod, z.inputs()).reference(*z.inputs()) is None
+    mem = workloads.get("softmax_chain")
+    assert Workload.imported("s", mem.mod, mem.inputs()).memory_bound and mem.memory_bound

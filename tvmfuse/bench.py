@@ -67,8 +67,8 @@ class Row:
     import_s: float = 0.0  # a real model: seconds to import it (torch.export + from_exported_program)
     flops: int = 0  # a real model: its matmul/conv FLOPs (roofline.graph_flops)
     kernels: list = field(default_factory=list)  # a real model: tvmfuse's runtime.kernel_profile rows
-    memory_bound: bool = False  # the workload's fact (workloads.Workload.memory_bound)
-    reduction_heavy: bool = False  # the workload's fact (workloads.Workload.reduction_heavy)
+    memory_bound: bool = False  # the workload's fact (workload.Workload.memory_bound)
+    reduction_heavy: bool = False  # the workload's fact (workload.Workload.reduction_heavy)
     capped: dict = field(default_factory=dict)  # system -> how its timing was cut short (SLOW_CALL_S)
 
     def ratio(self, a, b):
@@ -137,7 +137,7 @@ def _callables(w, systems, target, threads, logs=None):
             skipped[s] = "no tuning logs given"
         elif s in TVM_SYSTEMS or s in TUNED or s == VANILLA:
             out[s] = _tvm_system(w, s, target, x, logs)
-        elif not isinstance(w, workloads.Workload):  # a real model (tvmfuse.models)
+        elif not w.zoo:  # a real model (tvmfuse.models) or a model file
             got = "not wired for real models on CUDA" if is_gpu(target) else (
                 "numpy has no form of a real model" if s == "numpy" else baselines.model_peer(w, s, threads))
             if isinstance(got, str):
@@ -223,7 +223,7 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
     row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s},
               build_s={s: r.build_s for s, r in calls.items() if r.build_s},
               memory_bound=w.memory_bound, reduction_heavy=w.reduction_heavy)
-    if not isinstance(w, workloads.Workload):
+    if not w.zoo:
         row.import_s, row.flops = import_s, w.flops
     for s, r in calls.items():
         row.ok[s] = bool(_close(r.out, ref, rtol, atol))

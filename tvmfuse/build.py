@@ -17,10 +17,9 @@ from tvm import relax
 from . import config, debug, pipeline
 from .errors import DeviceUnavailableError, InputError
 from .install import install_once
+from .kernel_source import cuda_kernels, cuda_source, llvm_source
 from .passes.streaming_stores import register_pipeline
 from .relax_utils import call_tir_sites, static_shape
-
-_KERNEL_DEF = re.compile(r"__global__\s+void\s+(?:__launch_bounds__\(\d+\)\s+)?(\w+)\s*\([^;{]*\)\s*\{")
 
 
 def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,
@@ -131,7 +130,7 @@ class Compiled:
         """Generated kernel code: CUDA C for cuda, LLVM IR for llvm."""
         if self.target.kind.name == "cuda":
             return self._cuda_source
-        return self.executable.mod.imports[0].inspect_source("ll") if self.executable.mod.imports else ""
+        return llvm_source(self.executable.mod)
 
     @cached_property
     def _cuda_source(self) -> str:
@@ -223,24 +222,6 @@ class Compiled:
         if main is None:  # one VM per thread, kept (its memory pool too): a VM is not thread-safe
             main = self._local.main = self.vm()["main"]
         return _to_numpy(main(*args))
-
-
-def cuda_source(module) -> str:
-    """The CUDA C of every cuda module under a runtime module (walking its imports: VM -> llvm
-    host -> cuda); "" when it has none."""
-    stack, srcs = [module], []
-    while stack:
-        m = stack.pop()
-        if m.kind == "cuda":
-            srcs.append(m.inspect_source())
-        stack.extend(m.imports)
-    return "\n".join(srcs)
-
-
-def cuda_kernels(source: str) -> list[str]:
-    """Names of the __global__ kernels DEFINED in CUDA source (each is also declared once: those
-    declarations are not counted)."""
-    return _KERNEL_DEF.findall(source)
 
 
 RANGES_ATTR = "tvmfuse.ranges"

@@ -28,7 +28,7 @@ def _graph(args) -> int:
 
     w = load(args.model, args.size)
     fg = viz.fusion_graph(w.mod)
-    title = f"{getattr(w, 'name', args.model)} [{args.size}]"
+    title = f"{w.name} [{args.size}]"
     (viz.draw_kernels if args.kernels else viz.draw)(fg, args.out, title=title)
     print(f"wrote {args.out}: {len(fg.ops())} ops, {len(fg.groups)} kernels planned, "
           f"{len(fg.refused)} refused merges")

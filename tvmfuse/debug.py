@@ -24,12 +24,21 @@ import re
 import tvm
 from tvm.ir.instrument import PassTimingInstrument, pass_instrument
 
+from .classify import classify
+from .kernel_source import generated_source
+from .plan import Plan
+
 
 def _script(mod) -> str:
     try:
         return mod.script(show_meta=False)
     except Exception as err:  # noqa: BLE001 - a module TVMScript cannot print must not fail the build
         return f"# TVMScript could not print this module: {type(err).__name__}: {err}\n{mod}"
+
+
+def _write(folder: str, filename: str, text: str) -> None:
+    with open(os.path.join(folder, filename), "w") as f:
+        f.write(text)
 
 
 def new_folder(root: str, name: str, fusion: str) -> str:
@@ -55,8 +64,7 @@ class DebugDump:
         self.folder = folder
 
     def write(self, filename: str, text: str) -> None:
-        with open(os.path.join(self.folder, filename), "w") as f:
-            f.write(text)
+        _write(self.folder, filename, text)
 
     def run_before_pass(self, mod, info):
         if info.name == "tvmfuse.normalize":
@@ -64,8 +72,6 @@ class DebugDump:
 
     def run_after_pass(self, mod, info):
         if info.name == "tvmfuse.fold_constants":
-            from .classify import classify
-
             try:
                 with tvm.transform.PassContext(opt_level=3):  # its passes stay out of the timing table
                     text = str(classify(mod))
@@ -73,8 +79,6 @@ class DebugDump:
                 text = f"classification failed: {type(err).__name__}: {err}"
             self.write("10_classified.txt", text + "\n")
         elif info.name == "tvmfuse.fuse":
-            from .plan import Plan
-
             p = Plan.of(mod)
             self.write("20_plan.json", p.to_json() if p is not None else json.dumps(
                 {"plan": None, "why": "this variant is not tvmfuse: TVM's own passes fused (or did not)"}))
@@ -94,17 +98,12 @@ class Session:
         if self.folder:
             self.instruments += [DebugDump(self.folder), self.timing]
 
+    def write(self, filename: str, text: str) -> None:
+        _write(self.folder, filename, text)
+
     def finish(self, executable, target) -> None:
         if not self.folder:
             return
-        with open(os.path.join(self.folder, "pass_timing.txt"), "w") as f:
-            f.write(self.timing.render())
-        from .build import cuda_source
-
-        if target.kind.name == "cuda":
-            name, text = "50_source.cu", cuda_source(executable.mod)
-        else:
-            imports = executable.mod.imports
-            name, text = "50_source.ll", imports[0].inspect_source("ll") if imports else ""
-        with open(os.path.join(self.folder, name), "w") as f:
-            f.write(text)
+        self.write("pass_timing.txt", self.timing.render())
+        name = "50_source.cu" if target.kind.name == "cuda" else "50_source.ll"
+        self.write(name, generated_source(executable.mod, target))

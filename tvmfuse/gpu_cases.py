@@ -28,11 +28,11 @@ import os
 import platform
 import subprocess
 import time
-from types import SimpleNamespace
 
 import numpy as np
 
 from .gpu_portable import inputs_digest
+from .workload import Workload
 
 FATBIN_MAGIC = (0xBA55ED50).to_bytes(4, "little")
 MANIFEST = "manifest.json"
@@ -204,8 +204,7 @@ def bert_case(out_dir, target, systems, model="bert-base", size="bench", log=pri
     np.savez_compressed(os.path.join(out_dir, name + ".inputs.npz"), **stored)
     np.savez_compressed(os.path.join(out_dir, name + ".ref.npz"), out0=ref)
     specs = [(p.name, tuple(int(d) for d in p.ty.shape), str(p.ty.dtype)) for p in mod["main"].params]
-    w = SimpleNamespace(name=model, size=size, mod=mod, input_specs=specs, positive=(), seed=0, rtol=1e-3,
-                        atol=1e-3, flops=graph_flops(mod), meta={})
+    w = Workload(model, mod, specs, size=size, rtol=1e-3, atol=1e-3, flops=graph_flops(mod))
     extra = {"input_gen": gen, "inputs_file": name + ".inputs.npz", "input_sha256": inputs_digest(arrays),
              "module_names": names, "model": {"name": model, "bert_config": kwargs, "seq": int(ids.shape[1])}}
     cases, failed = [], []

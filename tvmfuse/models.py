@@ -1,6 +1,6 @@
 """Real models, built offline from a config with random weights (nothing is downloaded).
 
-Each builder returns a `LoadedModel` (tvmfuse.frontends.load): the imported Relax `mod`,
+Each builder returns a `Workload` (tvmfuse/workload.py, the zoo's type): the imported Relax `mod`,
 deterministic `inputs()`, `reference()` from the framework the model came from (PyTorch eager, or
 onnxruntime for the ONNX one), tolerances, and `eager(*inputs)` for timing PyTorch in the same run.
 
@@ -37,7 +37,9 @@ import io
 import numpy as np
 
 from .errors import UnknownWorkloadError
-from .frontends.load import LoadedModel
+from .frontends.from_onnx import from_onnx
+from .frontends.from_torch import from_torch
+from .workload import Workload
 
 SEQ = {"small": 16, "bench": 128}
 IMAGE = {"small": 16, "bench": 64}
@@ -204,8 +206,6 @@ def _ids(size, vocab=VOCAB):
 
 
 def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
-    from .frontends.from_torch import from_torch
-
     torch = _torch()
     tensors = tuple(torch.from_numpy(a) for a in arrays)
     mod = from_torch(module, tensors)
@@ -217,8 +217,8 @@ def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
     def reference(*inputs):
         return eager(*inputs).numpy()
 
-    return LoadedModel(name, mod, arrays, reference, rtol=rtol, atol=atol, size=size, eager=eager,
-                       source="torch.export", module=module)
+    return Workload.imported(name, mod, arrays, reference, rtol=rtol, atol=atol, size=size, eager=eager,
+                             source="torch.export", module=module)
 
 
 def bert_tiny(size="small"):
@@ -306,8 +306,6 @@ def bert_tiny_onnx(size="small"):
     import onnx
     import onnxruntime as ort
 
-    from .frontends.from_onnx import from_onnx
-
     module, arrays = _bert_module(), [_ids(size)]
     blob = export_onnx(module, arrays, ["input_ids"])
     mod = from_onnx(onnx.load_from_string(blob))
@@ -322,8 +320,8 @@ def bert_tiny_onnx(size="small"):
         with torch.inference_mode():
             return module(*[torch.from_numpy(a) for a in inputs])
 
-    return LoadedModel("bert-tiny-onnx", mod, arrays, reference, rtol=1e-4, atol=1e-4, size=size, eager=eager,
-                       source="torch.onnx.export -> from_onnx (reference: onnxruntime)")
+    return Workload.imported("bert-tiny-onnx", mod, arrays, reference, rtol=1e-4, atol=1e-4, size=size,
+                             eager=eager, source="torch.onnx.export -> from_onnx (reference: onnxruntime)")
 
 
 MODELS = {"bert-tiny": bert_tiny, "gpt2-tiny": gpt2_tiny, "llama-tiny": llama_tiny, "resnet-tiny": resnet_tiny,
@@ -338,7 +336,7 @@ def names() -> list[str]:
     return list(MODELS)
 
 
-def get(name: str, size: str = "small") -> LoadedModel:
+def get(name: str, size: str = "small") -> Workload:
     if name not in MODELS:
         raise UnknownWorkloadError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     if size not in SEQ:

@@ -167,7 +167,8 @@ def roofline_ms(flops_: int, nbytes: int, peak_gflops: float, gbs: float) -> flo
 
 
 def flops(workload):
-    """A workload's matmul/conv FLOPs: its own `flops` fact, or counted from a model's graph."""
+    """A workload's matmul/conv FLOPs: its `flops` (a zoo workload's own fact; a model's counted
+    from its graph when it was imported, Workload.imported)."""
     return workload.flops
 
 

@@ -1,9 +1,9 @@
 """The workload zoo: Relax graphs in three shape sets (small for tests, bench, large; see SIZES),
-deterministic inputs and a numpy reference each. Graphs are written op by op with BlockBuilder, so fusion has work to do."""
+deterministic inputs and a numpy reference each. Graphs are written op by op with BlockBuilder, so fusion has work to do.
+Each is a `Workload` (tvmfuse/workload.py, the type the real models share) marked `zoo`."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -12,46 +12,12 @@ from tvm.relax import op as R
 
 from .errors import UnknownWorkloadError
 from .relax_utils import GRAPH_LOCK
+from .workload import Workload
 
 # small: tests (tiny, fast); bench: the benchmark's shapes (partly cache-resident on a 32 MiB LLC);
 # large: the memory-bound workloads with working sets over 4x a 32 MiB LLC (each full-size tensor
 # 128 MiB), so that a bandwidth bound is a bound; compute-heavy workloads keep their bench shapes
 SIZES = ("small", "bench", "large")
-
-
-@dataclass
-class Workload:
-    name: str
-    size: str
-    mod: "relax.IRModule"
-    input_specs: list  # [(name, shape, dtype)]
-    _reference: Callable
-    rtol: float = 1e-4
-    atol: float = 1e-5
-    seed: int = 0
-    meta: dict = field(default_factory=dict)  # shape facts a baseline needs (attention: heads)
-    flops: int | None = None  # multiply-add FLOPs of a compute-heavy workload; None: bound by memory
-    reduction_heavy: bool = False  # its time goes to row reductions (softmax, norms)
-    positive: tuple = ()  # inputs that must be positive (batch-norm variances)
-
-    @property
-    def memory_bound(self) -> bool:
-        """Bound by memory traffic: no matmul/conv FLOPs to speak of (the roofline is bytes)."""
-        return self.flops is None
-
-    def inputs(self) -> list[np.ndarray]:
-        """Deterministic inputs: the same arrays on every call and every machine."""
-        rng = np.random.default_rng(self.seed)
-        out = []
-        for name, shape, dtype in self.input_specs:
-            a = rng.standard_normal(shape).astype(dtype)
-            if name in self.positive:
-                a = np.abs(a) + 0.5
-            out.append(a)
-        return out
-
-    def reference(self, *inputs):
-        return self._reference(*inputs)
 
 
 _REGISTRY: dict[str, Callable] = {}
@@ -96,7 +62,7 @@ def _build(name, specs, body):
 
 
 def _wl(name, size, specs, body, ref, **kw):
-    return Workload(name, size, _build(name, specs, body), specs, ref, **kw)
+    return Workload(name, _build(name, specs, body), specs, ref, size=size, zoo=True, **kw)
 
 
 def _pick(size, small, bench, large=None):

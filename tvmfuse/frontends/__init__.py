@@ -10,9 +10,9 @@ tvmfuse.errors.FrontendError, naming what failed, where and how to fix it.
 """
 from .from_onnx import from_onnx
 from .from_torch import from_torch
-from .load import LoadedModel, load_model
+from .load import load_model
 
 load = load_model  # tvmfuse.load: the one loader (a zoo name, a real model or a model file)
 from .relay_text import from_relay_text
 
-__all__ = ["from_torch", "from_onnx", "from_relay_text", "load", "load_model", "LoadedModel"]
+__all__ = ["from_torch", "from_onnx", "from_relay_text", "load", "load_model"]

@@ -1,6 +1,7 @@
 """`load_model(spec, size)` (`tvmfuse.load`): the one loader every entry point uses (scripts/tune.py
---model, bench, report, `tvmfuse graph`); a workload-like object (`name`, `mod`, `inputs()`,
-`reference(*inputs)` or None, `rtol`, `atol`, `flops`, `memory_bound`).
+--model, bench, report, `tvmfuse graph`); a `Workload` (tvmfuse/workload.py: `name`, `mod`,
+`inputs()`, `reference(*inputs)` or None, `rtol`, `atol`, `flops`, `memory_bound`). It sits above
+the zoo and the models: it imports both, neither imports it.
 
 SPEC is, in this order:
   a zoo workload name        tvmfuse.workloads (numpy reference)
@@ -20,50 +21,19 @@ from __future__ import annotations
 
 import os
 import runpy
-from dataclasses import dataclass, field
-from functools import cached_property
-from typing import Callable
 
 import numpy as np
+import tvm
 
+from .. import models, workloads
 from ..errors import FrontendError, UnknownWorkloadError
+from ..workload import Workload
 from .common import input_specs, random_inputs, read_path
+from .from_onnx import from_onnx, load_onnx
+from .from_torch import from_torch
+from .relay_text import from_relay_text
 
 SUFFIXES = (".onnx", ".txt", ".relay", ".py")
-
-
-@dataclass
-class LoadedModel:
-    name: str
-    mod: object  # tvm.IRModule
-    arrays: list
-    _reference: Callable | None = None
-    rtol: float = 1e-4
-    atol: float = 1e-5
-    size: str = "-"
-    eager: Callable | None = None  # the original framework's forward on numpy inputs (timing)
-    source: str = ""
-    notes: list = field(default_factory=list)
-    module: object = None  # the torch.nn.Module it came from (the peers' torch.compile / ONNX export)
-
-    reduction_heavy: bool = False  # a fact of the zoo's workloads; not claimed for models
-
-    def inputs(self) -> list[np.ndarray]:
-        return [np.array(a, copy=True) for a in self.arrays]
-
-    @cached_property
-    def flops(self) -> int:
-        """Its matmul/conv FLOPs, counted from the graph (roofline.graph_flops)."""
-        from ..roofline import graph_flops
-
-        return graph_flops(self.mod)
-
-    @property
-    def memory_bound(self) -> bool:
-        return not self.flops
-
-    def reference(self, *inputs):
-        return None if self._reference is None else self._reference(*inputs)
 
 
 def _is_file_spec(spec: str) -> bool:
@@ -73,8 +43,6 @@ def _is_file_spec(spec: str) -> bool:
 def load_model(spec, size: str = "small"):
     """Resolve SPEC (see the module docstring) to a workload-like object: THE loader (`tvmfuse.load`)
     every entry point uses (scripts/tune.py, bench, report, `tvmfuse report`/`graph`)."""
-    from .. import models, workloads
-
     spec = os.fspath(spec)
     if spec in workloads.names():
         return workloads.get(spec, size)
@@ -98,8 +66,6 @@ def load_model(spec, size: str = "small"):
 def _load_onnx(path, name):
     import onnxruntime as ort
 
-    from .from_onnx import from_onnx, load_onnx
-
     model = load_onnx(path)
     mod = from_onnx(model)
     arrays = random_inputs(input_specs(mod))
@@ -110,12 +76,10 @@ def _load_onnx(path, name):
         outs = sess.run(None, dict(zip(names, inputs)))
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    return LoadedModel(name, mod, arrays, reference, atol=1e-4, source="onnx (reference: onnxruntime)")
+    return Workload.imported(name, mod, arrays, reference, atol=1e-4, source="onnx (reference: onnxruntime)")
 
 
 def _load_relay(path, name):
-    from .relay_text import from_relay_text
-
     side = os.path.splitext(path)[0] + ".npz"
     if os.path.isfile(side):
         with np.load(side) as z:
@@ -127,12 +91,10 @@ def _load_relay(path, name):
     for (pname, _, _), a in zip(input_specs(mod), arrays):
         if pname.startswith("var") or pname.endswith("var"):  # batch-norm variances must be positive
             a[...] = np.abs(a) + 0.5
-    return LoadedModel(name, mod, arrays, None, atol=1e-4, source="relay text", notes=[note])
+    return Workload.imported(name, mod, arrays, None, atol=1e-4, source="relay text", notes=[note])
 
 
 def _load_py(path, name):
-    import tvm
-
     try:
         ns = runpy.run_path(path, run_name="__tvmfuse_model__")
     except Exception as err:
@@ -149,13 +111,11 @@ def _load_py(path, name):
     inputs = ns.get("inputs")
     arrays = inputs() if callable(inputs) else inputs
     arrays = [np.asarray(a) for a in arrays] if arrays is not None else random_inputs(input_specs(mod))
-    return LoadedModel(name, mod, arrays, ns.get("reference"), source="relax module")
+    return Workload.imported(name, mod, arrays, ns.get("reference"), source="relax module")
 
 
 def _from_torch_ns(ns, name):
     import torch
-
-    from .from_torch import from_torch
 
     module, ex = ns["model"], ns["example_inputs"]
     ex = (ex,) if isinstance(ex, torch.Tensor) else tuple(ex)
@@ -170,4 +130,4 @@ def _from_torch_ns(ns, name):
         out = eager(*inputs)
         return out.numpy() if isinstance(out, torch.Tensor) else tuple(o.numpy() for o in out)
 
-    return LoadedModel(name, mod, arrays, reference, atol=1e-4, eager=eager, source="torch.export")
+    return Workload.imported(name, mod, arrays, reference, atol=1e-4, eager=eager, source="torch.export")

@@ -148,19 +148,49 @@ class _Walk:
 
 
 def _match(g, sm):
-    """(AttentionMatch, None) or (None, reason) for the softmax node `sm`."""
-    w = _Walk(g)
+    """(AttentionMatch, None) or (None, reason) for the softmax node `sm`: back from the softmax to
+    the score matmul (_scores), forward to the matmul with V (_probabilities), then Q, K, V and the
+    output through their views and head splits (_operands)."""
+    why = _softmax_refusal(sm)
+    if why:
+        return None, why
+    w, members = _Walk(g), {sm.idx}
+    got, why = _scores(w, sm, members)
+    if got is None:
+        return None, why
+    score, steps, score_shape = got
+    got, why = _probabilities(w, g, sm, members)
+    if got is None:
+        return None, why
+    pv, out = got
+    q, k, v, out, k_transposed, heads, repeat = _operands(w, g, score, pv, out, members)
+    for e in [q, k, v] + [x for step in steps for x in step[1:]]:  # operands come from outside
+        n = w.node(e)
+        if n is not None and n.idx in members:
+            return None, f"{n.name} ({n.op}) is both inside the attention and one of its operands"
+    m = AttentionMatch(members, q, k, v, out.var, k_transposed, steps, tuple(score_shape), heads, repeat)
+    why = _check_shapes(m)
+    return (None, why) if why else (m, None)
+
+
+def _softmax_refusal(sm) -> str | None:
+    """Why the softmax `sm` cannot be an attention's (None: it can)."""
     shape = sm.dims
     if shape is None or len(shape) < 2:
-        return None, "softmax without a known shape of rank >= 2"
+        return "softmax without a known shape of rank >= 2"
     axis = int(sm.call.attrs.axis)
     if axis % len(shape) != len(shape) - 1:
-        return None, f"softmax over axis {axis}, not the key axis (the last)"
+        return f"softmax over axis {axis}, not the key axis (the last)"
     if sm.var.ty.dtype != "float32":
-        return None, f"softmax in {sm.var.ty.dtype}: the attention kernel is float32"
-    members, steps = {sm.idx}, []
-    cur, score_shape = sm.call.args[0], shape
-    while True:  # back from the softmax to the score matmul
+        return f"softmax in {sm.var.ty.dtype}: the attention kernel is float32"
+    return None
+
+
+def _scores(w, sm, members):
+    """Back from the softmax to the score matmul: ((score matmul node, steps on the scores in the
+    order they apply, the scores' shape), None) or (None, reason). Adds what it passes to `members`."""
+    steps, cur, score_shape = [], sm.call.args[0], sm.dims
+    while True:
         p = w.node(cur)
         if p is None:
             return None, "the softmax input is not computed in this block"
@@ -168,9 +198,10 @@ def _match(g, sm):
             return None, f"{p.name} ({p.op}) is also used outside the attention (the scores would be written)"
         members.add(p.idx)
         args = p.call.args
+        masked = any(s[0] in ("add", "where") for s in steps)
         if p.op == "matmul":
-            score = p
-            break
+            steps.reverse()  # in the order they apply to the scores
+            return (p, steps, score_shape), None
         if p.op == "reshape":
             cur = args[0]
         elif p.op in ("multiply", "divide") and _is_scalar(args[1]):
@@ -179,25 +210,28 @@ def _match(g, sm):
         elif p.op == "multiply" and _is_scalar(args[0]):
             steps.append(("mul", args[0]))
             cur = args[1]
-        elif p.op == "add" and not any(s[0] in ("add", "where") for s in steps):
+        elif p.op == "add" and not masked:
             on_left = w.reaches_matmul(args[0]) or not w.reaches_matmul(args[1])
             scores, mask = (args[0], args[1]) if on_left else (args[1], args[0])
             if dims(scores.ty) != p.dims:
                 return None, f"{p.name} (add) broadcasts the scores"
             steps.append(("add", mask))
-            score_shape = p.dims
-            cur = scores
-        elif p.op == "where" and not any(s[0] in ("add", "where") for s in steps) and _is_scalar(args[2]):
+            score_shape, cur = p.dims, scores
+        elif p.op == "where" and not masked and _is_scalar(args[2]):
             if dims(args[1].ty) != p.dims:
                 return None, f"{p.name} (where) broadcasts the scores"
             steps.append(("where", args[0], args[2]))
-            score_shape = p.dims
-            cur = args[1]
+            score_shape, cur = p.dims, args[1]
         else:
             return None, f"{p.name} ({p.op}) between the score matmul and the softmax"
-    steps.reverse()  # in the order they apply to the scores
+
+
+def _probabilities(w, g, sm, members):
+    """Forward from the softmax to the matmul with V, then through the reshapes of its result
+    (torch's 3-D batch matmul back to 4-D): ((the P @ V node, the output node), None) or (None,
+    reason). Adds what it passes to `members`."""
     cur = sm
-    while True:  # forward from the softmax to the matmul with V
+    while True:
         if not w.private(cur):
             return None, f"{cur.name} ({cur.op}) is also used outside the attention (the probabilities would be written)"
         u = g.by_idx[next(iter(g.users[cur.idx]))]
@@ -211,12 +245,18 @@ def _match(g, sm):
         return None, f"the probabilities go to {u.name} ({u.op}), not to a matmul with V"
     members.add(pv.idx)
     out = pv
-    while w.private(out):  # reshapes of the result (torch's 3-D batch matmul back to 4-D)
+    while w.private(out):
         u = g.by_idx[next(iter(g.users[out.idx]))]
         if u.op != "reshape":
             break
         members.add(u.idx)
         out = u
+    return (pv, out), None
+
+
+def _operands(w, g, score, pv, out, members):
+    """Q, K and V up through their views, head splits and grouped-query repeats, and the output
+    through the merge of the heads: (q, k, v, out, k_transposed, heads, repeat)."""
     heads = {}
     q = w.see_through(score.call.args[0], members)
     q, heads["q"] = w.heads_split(q, members, [0, 2, 1, 3])
@@ -236,25 +276,26 @@ def _match(g, sm):
             k, k_transposed = w.see_through(kn.call.args[0], members), False
             k, repeat["k"] = w.repeat_kv(k, members)
             k, heads["k"] = w.heads_split(k, members, [0, 2, 1, 3])
-    heads["out"] = None
-    if w.private(out) and out.dims is not None and len(out.dims) == 4:  # merge the heads back
-        p = g.by_idx[next(iter(g.users[out.idx]))]
-        if p.op == "permute_dims" and p.call.attrs.axes is not None and \
-                [int(a) for a in p.call.attrs.axes] == [0, 2, 1, 3] and w.private(p):
-            r = g.by_idx[next(iter(g.users[p.idx]))]
-            b, h, s, d = out.dims
-            if r.op == "reshape" and isinstance(h, int) and isinstance(d, int) and tuple(r.dims or ()) == (b, s, h * d):
-                members |= {p.idx, r.idx}
-                out, heads["out"] = r, h
+    out, heads["out"] = _merged_heads(w, g, out, members)
     heads = {k_: h for k_, h in heads.items() if h is not None}
-    for e in [q, k, v] + [x for step in steps for x in step[1:]]:  # operands come from outside
-        n = w.node(e)
-        if n is not None and n.idx in members:
-            return None, f"{n.name} ({n.op}) is both inside the attention and one of its operands"
     repeat = {k_: r for k_, r in repeat.items() if r > 1}
-    m = AttentionMatch(members, q, k, v, out.var, k_transposed, steps, tuple(score_shape), heads, repeat)
-    why = _check_shapes(m)
-    return (None, why) if why else (m, None)
+    return q, k, v, out, k_transposed, heads, repeat
+
+
+def _merged_heads(w, g, out, members):
+    """(the reshape node, heads) when the [B, H, S, D] output is merged back to [B, S, H*D] by a
+    private permute_dims + reshape (absorbed into `members`); else (out, None)."""
+    if not (w.private(out) and out.dims is not None and len(out.dims) == 4):
+        return out, None
+    p = g.by_idx[next(iter(g.users[out.idx]))]
+    if p.op == "permute_dims" and p.call.attrs.axes is not None and \
+            [int(a) for a in p.call.attrs.axes] == [0, 2, 1, 3] and w.private(p):
+        r = g.by_idx[next(iter(g.users[p.idx]))]
+        b, h, s, d = out.dims
+        if r.op == "reshape" and isinstance(h, int) and isinstance(d, int) and tuple(r.dims or ()) == (b, s, h * d):
+            members |= {p.idx, r.idx}
+            return r, h
+    return out, None
 
 
 def _prod(ds):
