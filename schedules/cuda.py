@@ -7,7 +7,7 @@ in the order of the CUDA table:
                          its reductions cross-thread (warp shuffles + shared memory), every stage
                          of the row computed at the row loop, results of reductions in shared memory
   dlight Reduction, GeneralReduction, Fallback
-A rule that raises (dlight's Reduction trips on 0-d full reductions) declines, and the next rule gets
+A rule declines by returning None or raising a ScheduleError (rule.py), and the next rule gets
 the function. A function no rule schedules is reported, because an unscheduled PrimFunc in a CUDA
 build silently runs on the host. Before dlight's Matmul, a group's injective stages are inlined
 (its padding, which dlight would otherwise leave unscheduled).
@@ -47,15 +47,25 @@ def _inlined(func):
     """`func` with its injective stages inlined where they can be. A tvmfuse group composed from
     several TE computes mixes int64 and int32 indices (a conv's padding over an int64 shape, its
     loops in int32), which compute_inline refuses ("mismatched types"); the indices are narrowed to
-    int32 first when every extent fits (ForceNarrowIndexToInt32), as CUDA kernels index anyway."""
+    int32 first when every constant fits (ForceNarrowIndexToInt32, which fails on one that does
+    not: such a function keeps its int64 indices), as CUDA kernels index anyway."""
     import tvm
 
-    try:
+    if _fits_int32(func):
         func = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
-    except Exception:  # noqa: BLE001  an extent past int32: keep the int64 indices
-        pass
     sch = s_tir.Schedule(func)
     return sch.mod["main"] if inline_injective(sch, keep=lambda sch, info: False) is not None else func
+
+
+def _fits_int32(func) -> bool:
+    """Whether every integer constant of `func` (extents, shapes, indices) fits in int32."""
+    import tvm
+    import tvm_ffi
+
+    big = []
+    tvm_ffi.structural_walk(func, (tvm.tirx.IntImm, lambda i: big.append(i) if not -2**31 <= int(i.value) < 2**31
+                                   else None))
+    return not big
 
 
 def _threads(inner: int, rows: int) -> int:

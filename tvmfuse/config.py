@@ -35,6 +35,7 @@ class Knobs:
     # the target's table decides (schedules/targets.py: on for llvm, whose packing stage absorbs it;
     # off for CUDA, where dlight's matmul reading it transposed measured slower than the two kernels)
     layout_prologue: bool = True
+    strict: bool = False  # a schedule rule or pass that raises an unexpected error fails the build instead of falling back; CI and tests set it
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -35,6 +35,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import config
+from ..errors import fall_back_or_raise
 from ..relax_utils import static_shape
 
 log = logging.getLogger("tvmfuse.passes")
@@ -154,9 +156,9 @@ def FoldConstantsOnce(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             continue
         try:
             arrays = _evaluate(order, frontier, prim_funcs)
-        except Exception as e:  # noqa: BLE001 -- FoldConstant, which runs next, gets the bindings instead
-            log.info("FoldConstantsOnce: %s: one-build folding failed (%s: %s); left to FoldConstant",
-                     gv.name_hint, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        except Exception as err:  # noqa: BLE001  every binding passed _foldable: a failure is a bug, surfaced;
+            # without the strict knob FoldConstant, which runs next, folds the bindings instead
+            fall_back_or_raise(log, err, f"FoldConstantsOnce on {gv.name_hint}", config.knobs().strict)
             continue
         out[gv] = _rewrite(func, dict(zip(frontier, arrays)))
     if not out:
