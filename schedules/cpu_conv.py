@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import (block_bits, extent, join_tile, lanes, operands_of_reduction, pack_at_build_time,
-                     schedule_spatial, schedule_spatial_block, single_reduction, spatial_points)
+from .common import (block_bits, extent, lanes, operands_of_reduction, pack_at_build_time, schedule_spatial,
+                     schedule_spatial_block, single_reduction)
+from .epilogue_join import join_tile, spatial_points
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU

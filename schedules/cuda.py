@@ -106,7 +106,8 @@ class RowReduction(ScheduleRule):
             loops = sch.get_loops(first)
             row = sch.add_unit_loop(loops[0] if loops else first)  # above the stage's loops
         sch.bind(row, "blockIdx.x")
-        row_chain.join_row(sch, chain.blocks, row)
+        if not row_chain.join_row(sch, chain.blocks, row):
+            return None
         for b in chain.blocks:
             _bind_inner(sch, b, row, threads)
             if b in chain.reductions and not row_chain.is_output(sch, b):

@@ -109,7 +109,11 @@ def _evaluate(order, frontier, prim_funcs):
     bindings.append(relax.VarBinding(out, relax.Tuple([remap[v] for v in frontier])))
     func = relax.Function([], relax.SeqExpr([relax.DataflowBlock(bindings)], out), out.ty)
     called = {gv for bd in order for gv in relax.analysis.all_global_vars(bd.value)}
-    mod = tvm.IRModule({"main": func, **{gv: prim_funcs[gv] for gv in called}})
+    # each PrimFunc exported under its GlobalVar's (unique) name: the split-off packings of two
+    # kernels whose TVMScript names itself "main" (the attention kernels) both carry the global
+    # symbol "main_weight_prepack", which relax.build rejects as a duplicate
+    mod = tvm.IRModule({"main": func, **{gv: prim_funcs[gv].with_attr("global_symbol", gv.name_hint)
+                                         for gv in called}})
     ex = relax.build(mod, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     res = vm["main"]()
