@@ -109,9 +109,9 @@ def _evaluate(order, frontier, prim_funcs):
     bindings.append(relax.VarBinding(out, relax.Tuple([remap[v] for v in frontier])))
     func = relax.Function([], relax.SeqExpr([relax.DataflowBlock(bindings)], out), out.ty)
     called = {gv for bd in order for gv in relax.analysis.all_global_vars(bd.value)}
-    # each PrimFunc exported under its GlobalVar's (unique) name: the split-off packings of two
-    # kernels whose TVMScript names itself "main" (the attention kernels) both carry the global
-    # symbol "main_weight_prepack", which relax.build rejects as a duplicate
+    # each PrimFunc exported under its GlobalVar's (unique) name: a kernel from te.create_prim_func
+    # or TVMScript names itself "main", so SplitLayoutRewritePreproc names the packings of two such
+    # kernels both "main_weight_prepack", a duplicate relax.build rejects (resnet-tiny, bert-tiny)
     mod = tvm.IRModule({"main": func, **{gv: prim_funcs[gv].with_attr("global_symbol", gv.name_hint)
                                          for gv in called}})
     ex = relax.build(mod, target=tvm.target.Target({"kind": "llvm"}))
