@@ -24,7 +24,7 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
     for gv, func in mod.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs and func.attrs.get("tirx.is_scheduled"):
             continue
-        sched, rule = apply_rules(func, target, rules)
+        sched, rule = apply_rules(func, target, rules, gv.name_hint)
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue

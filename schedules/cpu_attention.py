@@ -33,13 +33,7 @@ def kernel_source(spec, row_vector: int, row_groups: int, keys: int, key_unroll:
     per task (no per-block transpose of K: each K row is read as broadcast scalars), and the running
     max, the exp and the running sum of the online softmax are vertical vector operations."""
     sq, sk, d, dv = spec.sq, spec.sk, spec.d, spec.dv
-    if isinstance(sq, int):  # short queries (decode): one group
-        row_groups = max(1, min(row_groups, -(-sq // row_vector)))
-        while row_groups > 1 and isinstance(spec.bh, int) and \
-                spec.bh * -(-sq // (row_vector * row_groups)) < TASKS_PER_CORE * target_cores():
-            row_groups //= 2  # smaller query blocks: enough tasks for every core (12 heads on 16 cores)
-    keys = max(key_unroll, keys // key_unroll * key_unroll)
-    row_groups, keys = least_padding(sq, row_vector, row_groups, sk, key_unroll, keys)
+    row_groups, keys = _blocks(spec, row_vector, row_groups, keys, key_unroll)
     block = row_vector * row_groups
     nq, nk = cdiv(sq, block), cdiv(sk, keys)
     sq1, sk1 = minus1(sq), minus1(sk)
@@ -102,8 +96,33 @@ def main({signature(spec)}):
                 for i in T.vectorized({block}):
                     st[j, i] = T.if_then_else(jb * {keys} + j < {sk}, T.exp(st[j, i] - mn[i]), T.float32(0))
                     l[i] = l[i] + st[j, i]
-            for g in range({block // pv_rows}):
-                for eo in range({dv // chunk}):
+{_pv_source(spec, bh, key, block, keys, chunk, pv_rows)}        for i in range({block}):
+            if {q0} + i < {sq}:
+                for e in T.vectorized({dv}):
+                    {index(spec, "out", bh, f"{q0} + i", "e")} = acc[i, e] / l[i]
+'''
+
+
+def _blocks(spec, row_vector: int, row_groups: int, keys: int, key_unroll: int) -> tuple:
+    """(row groups, keys per block): short queries (decode) take one group, halved further until
+    every core has `TASKS_PER_CORE` tasks (12 heads on 16 cores); keys a multiple of `key_unroll`;
+    then the blocks that pad least (least_padding)."""
+    sq = spec.sq
+    if isinstance(sq, int):  # short queries (decode): one group
+        row_groups = max(1, min(row_groups, -(-sq // row_vector)))
+        while row_groups > 1 and isinstance(spec.bh, int) and \
+                spec.bh * -(-sq // (row_vector * row_groups)) < TASKS_PER_CORE * target_cores():
+            row_groups //= 2  # smaller query blocks: enough tasks for every core (12 heads on 16 cores)
+    keys = max(key_unroll, keys // key_unroll * key_unroll)
+    return least_padding(sq, row_vector, row_groups, spec.sk, key_unroll, keys)
+
+
+def _pv_source(spec, bh: str, key: str, block: int, keys: int, chunk: int, pv_rows: int) -> str:
+    """The kernel's P·V step (TVMScript lines inside the key-block loop): `pv_rows` rows x a
+    `chunk` of the output columns in registers, the accumulator rescaled by the block's
+    correction cr as it is loaded, then each key's probabilities times its V row added."""
+    return f'''            for g in range({block // pv_rows}):
+                for eo in range({spec.dv // chunk}):
                     for i in T.unroll({pv_rows}):
                         for ei in T.vectorized({chunk}):
                             pa[i, ei] = acc[g * {pv_rows} + i, eo * {chunk} + ei] * cr[g * {pv_rows} + i]
@@ -114,10 +133,6 @@ def main({signature(spec)}):
                     for i in T.unroll({pv_rows}):
                         for ei in T.vectorized({chunk}):
                             acc[g * {pv_rows} + i, eo * {chunk} + ei] = pa[i, ei]
-        for i in range({block}):
-            if {q0} + i < {sq}:
-                for e in T.vectorized({dv}):
-                    {index(spec, "out", bh, f"{q0} + i", "e")} = acc[i, e] / l[i]
 '''
 
 

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .common import (block_bits, extent, join_tile, lanes, operands_of_reduction, pack_at_build_time,
-                     schedule_spatial, schedule_spatial_block, single_reduction, spatial_points)
+from .common import (block_bits, extent, lanes, operands_of_reduction, pack_at_build_time, schedule_spatial,
+                     schedule_spatial_block, single_reduction)
+from .epilogue_join import join_tile, spatial_points
 from .row_chain import is_output
 from .rule import ScheduleRule
 from .targets import CPU
@@ -267,7 +268,7 @@ def _pack_input(sch, conv, width, inlined):
             try:
                 sch.compute_inline(producer)
                 inlined.add(name)
-            except (tvm.s_tir.ScheduleError, tvm.error.InternalError):
+            except tvm.s_tir.ScheduleError:  # refused: the padding stays a stage of its own
                 pass
     sch.transform_layout(pack, ("write", 0), lambda n, c, h, w_: (n, c // width, h, w_, c % width))
     n, c, h, w_ = sch.get_loops(pack)

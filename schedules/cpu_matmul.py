@@ -24,8 +24,8 @@ from __future__ import annotations
 import tvm
 from tvm import s_tir
 
-from .common import (block_bits, extent, join_tile, lanes, pack_at_build_time, schedule_spatial_block,
-                     single_reduction, spatial_points)
+from .common import block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction
+from .epilogue_join import join_tile, spatial_points
 from . import row_chain
 from .row_chain import is_output
 from .rule import ScheduleRule

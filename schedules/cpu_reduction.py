@@ -42,11 +42,13 @@ class RowReduction(ScheduleRule):
             order.append(b)
         lead = sch.get_loops(order[0])[: chain.rows]
         row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
-        row_chain.join_row(sch, order, row)  # program order: each stage's producers are in the row
+        if not row_chain.join_row(sch, order, row):  # program order: each stage's producers are in the row
+            return None
         sch.parallel(row)
         for k, b in enumerate(order):
             if k in partials:
-                _vectorize_partials(sch, b, row, moved=k > 0)
+                if not _vectorize_partials(sch, b, row, moved=k > 0):
+                    return None
             elif b not in chain.reductions:
                 _vectorize_inner(sch, b, row)
         return sch.mod["main"]
@@ -107,17 +109,19 @@ def _split_partials(sch, block_rv, rows):
     return [rf, sch.rfactor(k1, factor_axis=axis)]
 
 
-def _vectorize_partials(sch, rf, row, moved):
+def _vectorize_partials(sch, rf, row, moved) -> bool:
     """The partials' loops below the row are (ko, ki) where the block kept its loops and, after
     reverse_compute_at (loops rebuilt in iter-var order, the rfactor var first), (ki, ..., ko).
-    Put ki innermost, hoist the init out of ko, vectorize both."""
+    Put ki innermost, hoist the init out of ko, vectorize both. False (the rule declines) for any
+    other loop nest."""
     inner = [lp for lp in _loops_below(sch, rf, row) if extent(sch, lp) != 1]
     ki, ko = (inner[0], inner[-1]) if moved else (inner[-1], inner[0])
     lanes_rf = int(sch.get(rf).iter_vars[0].dom.extent)
     if len(inner) != 2 or extent(sch, ki) != lanes_rf:
-        raise ValueError("unexpected loop nest for the vector partials")  # the rule declines
+        return False
     sch.reorder(ko, ki)
     sch.vectorize(ki)
+    return True
 
 
 class FullReduction(ScheduleRule):
@@ -159,7 +163,7 @@ class FullReduction(ScheduleRule):
         merged = sch.merge(*reversed(chunks)) if len(chunks) > 1 else chunks[0]
         first = sch.get_child_blocks(sch.get_sblock("root"))[0]
         if not sch.get(sch.get_loops(first)[0]).same_as(sch.get(merged)):
-            raise ValueError("merged chunk loop is not the first stage")  # the rule declines
+            return None  # the merged chunk loop is not the first stage
         if len(blocks) > 1 and len({extent(sch, b) for b in blocks}) == 1:
             sch.merge(*reversed(blocks))  # within a chunk, block by block: the siblings re-read it from L1
         sch.parallel(merged)

@@ -7,7 +7,7 @@ in the order of the CUDA table:
                          its reductions cross-thread (warp shuffles + shared memory), every stage
                          of the row computed at the row loop, results of reductions in shared memory
   dlight Reduction, GeneralReduction, Fallback
-A rule that raises (dlight's Reduction trips on 0-d full reductions) declines, and the next rule gets
+A rule declines by returning None or raising a ScheduleError (rule.py), and the next rule gets
 the function. A function no rule schedules is reported, because an unscheduled PrimFunc in a CUDA
 build silently runs on the host. Before dlight's Matmul, a group's injective stages are inlined
 (its padding, which dlight would otherwise leave unscheduled).
@@ -47,15 +47,36 @@ def _inlined(func):
     """`func` with its injective stages inlined where they can be. A tvmfuse group composed from
     several TE computes mixes int64 and int32 indices (a conv's padding over an int64 shape, its
     loops in int32), which compute_inline refuses ("mismatched types"); the indices are narrowed to
-    int32 first when every extent fits (ForceNarrowIndexToInt32), as CUDA kernels index anyway."""
+    int32 first where ForceNarrowIndexToInt32 can (_narrowable: it fails on a constant past int32
+    or an int64 buffer; such a function keeps its int64 indices), as CUDA kernels index anyway."""
     import tvm
 
-    try:
+    if _narrowable(func):
         func = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
-    except Exception:  # noqa: BLE001  an extent past int32: keep the int64 indices
-        pass
     sch = s_tir.Schedule(func)
     return sch.mod["main"] if inline_injective(sch, keep=lambda sch, info: False) is not None else func
+
+
+def _narrowable(func) -> bool:
+    """Whether ForceNarrowIndexToInt32 accepts `func`: no integer constant past int32 and no
+    integer buffer wider than 32 bits, a parameter (gather's int64 indices) or a stage."""
+    import tvm
+    import tvm_ffi
+
+    found = []
+
+    def constant(imm):
+        if int(imm.value) > 2**31 - 1:
+            found.append(imm)
+
+    def buffer(var):
+        if isinstance(var.ty, tvm.tirx.BufferType):
+            t = tvm.DataType(str(var.dtype))
+            if t.type_code == tvm.DataTypeCode.INT and t.bits > 32:
+                found.append(var)
+
+    tvm_ffi.structural_walk(func, [(tvm.tirx.IntImm, constant), (tvm.tirx.Var, buffer)])
+    return not found
 
 
 def _threads(inner: int, rows: int) -> int:
@@ -96,7 +117,8 @@ class RowReduction(ScheduleRule):
             loops = sch.get_loops(first)
             row = sch.add_unit_loop(loops[0] if loops else first)  # above the stage's loops
         sch.bind(row, "blockIdx.x")
-        row_chain.join_row(sch, chain.blocks, row)
+        if not row_chain.join_row(sch, chain.blocks, row):
+            return None
         for b in chain.blocks:
             _bind_inner(sch, b, row, threads)
             if b in chain.reductions and not row_chain.is_output(sch, b):

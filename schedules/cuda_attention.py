@@ -106,7 +106,6 @@ def split_kernel_source(spec, rows: int, keys: int, split: int) -> str:
     tile = f"(jb * {split} + s_)"
     key = f"T.min({tile} * {keys} + j, {sk1})"
     score = steps(spec, "sc[j]", bh, row, key)
-    per = dv // split
     return f'''
 @T.prim_func
 def main({signature(spec)}):
@@ -155,7 +154,15 @@ def main({signature(spec)}):
                 acc[e] = acc[e] + sc[j] * vs[s_, j, e]
         r[0] = r[2]
         T.tvm_storage_sync("shared")
-    cb[s_, r_, 0] = r[0]
+{_merge_source(spec, bh, qb, rows, split)}'''
+
+
+def _merge_source(spec, bh: str, qb: str, rows: int, split: int) -> str:
+    """The split kernel's end (TVMScript lines after the key loop): each thread's partial state (m,
+    l, acc) to shared memory, then the `split` states of a row merged (m = max m_s, l = sum l_s
+    exp(m_s - m)), each thread writing its dv / split of the row's outputs."""
+    dv, per = spec.dv, spec.dv // split
+    return f'''    cb[s_, r_, 0] = r[0]
     cb[s_, r_, 1] = r[1]
     for e in T.unroll({dv}):
         cb[s_, r_, e + 2] = acc[e]
@@ -166,7 +173,7 @@ def main({signature(spec)}):
     r[1] = T.float32(0)
     for g in T.unroll({split}):
         r[1] = r[1] + cb[g, r_, 1] * T.exp(cb[g, r_, 0] - r[2])
-    if {qb} * {rows} + r_ < {sq}:
+    if {qb} * {rows} + r_ < {spec.sq}:
         for e in T.unroll({per}):
             r[3] = T.float32(0)
             for g in T.unroll({split}):

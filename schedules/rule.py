@@ -1,7 +1,20 @@
-"""The schedule-rule protocol: `apply(func, target) -> PrimFunc | None` (None = decline)."""
+"""The schedule-rule protocol: `apply(func, target) -> PrimFunc | None`.
+
+A rule that does not fit a function declines by returning None, after checking its own
+preconditions. A TVM `ScheduleError` (a schedule primitive that refused: compute_inline of a block
+that cannot be inlined, a split that does not divide) is also a decline: the next rule gets the
+function. Any other exception is a bug in the rule: it is logged at WARNING with the rule's and the
+kernel's names, and re-raised when the `strict` knob is on (CI and the tests set it); without it
+the next rule gets the function, so a user's build still finishes.
+"""
 from __future__ import annotations
 
 import logging
+
+from tvm.s_tir import ScheduleError
+
+from tvmfuse import config
+from tvmfuse.errors import fall_back_or_raise
 
 from .targets import for_target
 
@@ -15,19 +28,30 @@ class ScheduleRule:
         raise NotImplementedError
 
 
-def apply_rules(func, target, rules):
+def apply_rules(func, target, rules, name=None):
     """Try each rule in order; the first that does not decline wins. Returns (func, rule name).
-    The rules read the constants of `target` (targets.for_target)."""
+    The rules read the constants of `target` (targets.for_target). `name` (the kernel's, for the
+    log) defaults to the function's global_symbol."""
+    name = name or (func.attrs.get("global_symbol") if func.attrs else None) or "<unnamed kernel>"
     with for_target(target):
         for rule in rules:
-            try:
-                out = rule.apply(func, target)
-            except Exception as err:  # a rule that fails to apply declines; the next one gets a chance
-                log.debug("rule %s declined with error: %s", rule.name, err)
-                out = None
+            out = try_rule(rule, func, target, name)
             if out is not None:
                 return _single_definitions(out), rule.name
     return func, None
+
+
+def try_rule(rule, func, target, name):
+    """`rule.apply(func, target)`, None when it declines (returns None or raises ScheduleError).
+    Any other error: a WARNING naming the rule and the kernel, raised under the `strict` knob."""
+    try:
+        return rule.apply(func, target)
+    except ScheduleError as err:  # a schedule primitive refused: the rule does not fit, a decline
+        log.debug("rule %s declined %s: %s", rule.name, name, (str(err).strip().splitlines() or [""])[0])
+        return None
+    except Exception as err:  # noqa: BLE001  anything else is a bug in the rule: surfaced, see above
+        fall_back_or_raise(log, err, f"schedule rule {rule.name} on kernel {name}", config.knobs().strict)
+        return None
 
 
 def _single_definitions(func):

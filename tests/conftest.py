@@ -1,6 +1,9 @@
 import os
 import sys
 
+# a schedule rule or pass that raises an unexpected error fails the test instead of falling back
+# (tvmfuse/config.py's `strict` knob); set before tvmfuse is imported, inherited by subprocesses
+os.environ.setdefault("TVMFUSE_STRICT", "1")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np

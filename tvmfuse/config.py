@@ -49,6 +49,7 @@ class Knobs:
     # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it (on for
     # llvm, whose packing stage absorbs it; off for CUDA: TARGET_DEFAULTS)
     layout_prologue: bool = True
+    strict: bool = False  # a schedule rule or pass that raises an unexpected error fails the build instead of falling back; CI and tests set it
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

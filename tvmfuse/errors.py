@@ -32,3 +32,15 @@ class UnknownKnobError(TvmfuseError, TypeError):
 
 class ConfigError(TvmfuseError, ValueError):
     """A config value that cannot be used (a TVMFUSE_* variable that is no int or bool)."""
+
+
+def fall_back_or_raise(log, err: BaseException, what: str, strict: bool) -> None:
+    """For an error no contract expects, caught where a fallback exists (a schedule rule that
+    raised, a pass that failed): a WARNING that names `what` and the error, then the caller falls
+    back; re-raised instead when `strict` (the `strict` knob, which CI and the tests set), so a bug
+    fails the build rather than becoming a slower kernel."""
+    first = (str(err).strip().splitlines() or [""])[0]
+    log.warning("%s raised %s: %s (fell back; TVMFUSE_STRICT=1 makes this an error)",
+                what, type(err).__name__, first, exc_info=err)
+    if strict:
+        raise err

@@ -193,7 +193,8 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
     install_once()  # before fold_constants runs its first kernel (tvmfuse/install.py)
     out = Stages()
     for name in PHASES[: PHASES.index(until) + 1]:
-        with GRAPH_LOCK if name in _BUILD_TE else contextlib.nullcontext():
+        with GRAPH_LOCK if name in _BUILD_TE else contextlib.nullcontext(), \
+                config.override(strict=opts.knobs.strict):  # the rules and passes read it from the scope
             mod = phase(name, opts)(mod)
         if name == "fold_constants":
             out.planned = mod

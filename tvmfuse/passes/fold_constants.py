@@ -35,6 +35,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .. import config
+from ..errors import fall_back_or_raise
 from ..relax_utils import static_shape
 
 log = logging.getLogger("tvmfuse.passes")
@@ -107,7 +109,11 @@ def _evaluate(order, frontier, prim_funcs):
     bindings.append(relax.VarBinding(out, relax.Tuple([remap[v] for v in frontier])))
     func = relax.Function([], relax.SeqExpr([relax.DataflowBlock(bindings)], out), out.ty)
     called = {gv for bd in order for gv in relax.analysis.all_global_vars(bd.value)}
-    mod = tvm.IRModule({"main": func, **{gv: prim_funcs[gv] for gv in called}})
+    # each PrimFunc exported under its GlobalVar's (unique) name: a kernel from te.create_prim_func
+    # or TVMScript names itself "main", so SplitLayoutRewritePreproc names the packings of two such
+    # kernels both "main_weight_prepack", a duplicate relax.build rejects (resnet-tiny, bert-tiny)
+    mod = tvm.IRModule({"main": func, **{gv: prim_funcs[gv].with_attr("global_symbol", gv.name_hint)
+                                         for gv in called}})
     ex = relax.build(mod, target=tvm.target.Target({"kind": "llvm"}))
     vm = relax.VirtualMachine(ex, tvm.cpu())
     res = vm["main"]()
@@ -154,9 +160,9 @@ def FoldConstantsOnce(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
             continue
         try:
             arrays = _evaluate(order, frontier, prim_funcs)
-        except Exception as e:  # noqa: BLE001 -- FoldConstant, which runs next, gets the bindings instead
-            log.info("FoldConstantsOnce: %s: one-build folding failed (%s: %s); left to FoldConstant",
-                     gv.name_hint, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        except Exception as err:  # noqa: BLE001  every binding passed _foldable: a failure is a bug, surfaced;
+            # without the strict knob FoldConstant, which runs next, folds the bindings instead
+            fall_back_or_raise(log, err, f"FoldConstantsOnce on {gv.name_hint}", config.knobs().strict)
             continue
         out[gv] = _rewrite(func, dict(zip(frontier, arrays)))
     if not out:
