@@ -6,9 +6,10 @@ import logging
 
 import tvm
 
-from . import cpu, cuda
+from .cpu import rules as cpu
+from .cuda import rules as cuda
 from .rule import apply_rules
-from .vector_math import lower_math
+from .cpu.vector_math import lower_math
 
 __all__ = ["apply_default_schedules", "lower_math"]
 

@@ -1,7 +1,7 @@
 """What the attention kernels share: reading the `tvmfuse.attention` spec of a fused group and
 writing TVMScript index expressions for its tensors.
 
-The spec (tvmfuse/passes/match_attention.py `spec`) says which parameter of the group's PrimFunc is
+The spec (tvmfuse/fusion/match_attention.py `spec`) says which parameter of the group's PrimFunc is
 Q, K, V and each mask operand, in which layout, and the score steps in order. The kernels iterate
 over `bh` (batch x heads, flattened), query row `i` and key `j`; a tensor is read either in its
 own [.., S, D] layout (leading dims unravelled from bh) or as [B, S, H*D] (`heads`: the head split

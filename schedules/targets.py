@@ -2,7 +2,7 @@
 
 The CPU table is derived from the llvm target the rules schedule for (its `mcpu`, so the host's
 CPU for "llvm"): vector width and register count from the ISA, the matmul micro-kernel sized to
-the registers (the entries and their derivation: cpu_constants.py). `CPU` reads the table of the target being scheduled (`for_target`, which
+the registers (the entries and their derivation: cpu/constants.py). `CPU` reads the table of the target being scheduled (`for_target`, which
 `apply_rules` enters), the host's outside of it; it is per thread and per build. Overrides of
 its entries (TVMFUSE_CPU_<KEY>, `tvmfuse.config.override(cpu=...)`) are owned, parsed and
 validated by tvmfuse/config.py; `cpu_table` applies those in force each time it is called.
@@ -14,7 +14,7 @@ import contextvars
 from collections.abc import Mapping
 from functools import lru_cache
 
-from .cpu_constants import COMMON, ISA, SCHEMA as CPU_SCHEMA, derived  # noqa: F401 (CPU_SCHEMA: re-exported)
+from .cpu.constants import COMMON, ISA, SCHEMA as CPU_SCHEMA, derived  # noqa: F401 (CPU_SCHEMA: re-exported)
 
 
 def _has(feature: str, target) -> bool:
@@ -104,7 +104,7 @@ CUDA = {
     "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
     "stray_threads": 256,  # threads per block for a stage a rule left without threads (cuda.bind_stray_loops)
     "full_reduction_threads": 1024,  # one thread block for a group of full (0-d) reductions
-    "attn_query_rows": 64,  # flash attention (cuda_attention.py): threads (query rows) per block ...
+    "attn_query_rows": 64,  # flash attention (cuda/attention.py): threads (query rows) per block ...
     "attn_key_tile": 32,  # ... keys per shared-memory K/V tile
     "attn_shared_bytes": 48 * 1024,  # ... static shared memory a block may take (else the rule declines)
     "attn_max_head_dim": 128,  # ... head dims held in a thread's registers (Q row and accumulator)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Benchmark the zoo side by side (see tvmfuse/bench_cli.py; the same as `tvmfuse bench`)."""
+"""Benchmark the zoo side by side (see tvmfuse/bench/cli.py; the same as `tvmfuse bench`)."""
 from __future__ import annotations
 
 import argparse
@@ -10,7 +10,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def main(argv=None):
-    from tvmfuse import bench_cli
+    from tvmfuse.bench import cli as bench_cli
 
     bench_cli.quiet_runtimes()
     ap = argparse.ArgumentParser(description=bench_cli.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -28,7 +28,7 @@ def systems(s, heads, dh, threads):
     import torch.nn.functional as F
 
     import tvmfuse
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
 
     torch.set_num_threads(threads)
     w = workloads.attention_workload(1, s, heads, dh)
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json")
     ap.add_argument("--markdown")
     args = ap.parse_args(argv)
-    from tvmfuse.bench import _time  # the benchmark's own timing loop
-    from tvmfuse import machine
+    from tvmfuse.bench.core import _time  # the benchmark's own timing loop
+    from tvmfuse.runtime import machine
     from tvmfuse.target import cpu_name, host_cpu, runtime_threads
 
     threads = runtime_threads()
@@ -80,7 +80,7 @@ def main(argv=None) -> int:
             for n in order[r % len(order):] + order[: r % len(order)]:
                 samples[n].append(_time(sys_[n][0], 0.2))
         ms = {n: statistics.median(v) * 1e3 for n, v in samples.items()}
-        from tvmfuse import workloads
+        from tvmfuse.zoo import workloads
 
         flops = workloads.attention_workload(1, s, args.heads, args.head_dim).flops
         rows.append({"seq": s, "ms": ms, "ok": {n: x[1] for n, x in sys_.items()},

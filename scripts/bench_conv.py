@@ -156,7 +156,7 @@ def main(argv=None) -> int:
     print(f"\ncount-weighted: {total_ms:.2f} ms for {total_gf:.2f} GFLOP = {total_gf / total_ms * 1e3:.1f} GFLOP/s; "
           f"PyTorch eager {total_torch:.2f} ms ({total_torch / total_ms:.2f}x)")
     if args.json:
-        from tvmfuse import machine
+        from tvmfuse.runtime import machine
 
         with open(args.json, "w") as fh:
             json.dump({"command": " ".join(sys.argv), "cpu": cpu_name(), "machine": machine.record(target),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """BERT or GPT-2 with a symbolic sequence, built once, against static builds and torch.compile(dynamic=True)
-(see tvmfuse/bench_dynamic.py; the same as `scripts/bench.py --dynamic`)."""
+(see tvmfuse/bench/dynamic.py; the same as `scripts/bench.py --dynamic`)."""
 from __future__ import annotations
 
 import os
@@ -9,6 +9,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 if __name__ == "__main__":
-    from tvmfuse import bench_dynamic
+    from tvmfuse.bench import dynamic as bench_dynamic
 
     sys.exit(bench_dynamic.main())

@@ -11,7 +11,7 @@ Two phases (a GPU machine with NO TVM compiler, e.g. the device tool's H200; doc
 `prepare` builds every zoo workload (bench shapes) with fusion tvm and tvmfuse, and attention at
 batch 1, 12 heads x 64, seq 128/512/2048 (plain and causal) as tvmfuse (one flash kernel),
 tvmfuse-unfused (attention=False) and stock tvm, for CUDA (sm_90) here, exports each as a .so and
-writes manifest.json (tvmfuse/gpu_cases.py). `run` loads them with tvm.runtime.load_module, checks
+writes manifest.json (tvmfuse/bench/gpu_cases.py). `run` loads them with tvm.runtime.load_module, checks
 numerics against a float64 reference (torch on the GPU; the numpy one where it was stored), counts
 kernel launches while running, times medians of single calls each after an L2 flush, next to torch
 eager / scaled_dot_product_attention, and writes gpu-run.json and gpu-run.md into --out.
@@ -106,10 +106,11 @@ def prepare_main(argv) -> int:
                                                              "bert-base takes ~7 min to build here)")
     args = ap.parse_args(argv)
     stub = preload_cuda_stub() if args.target == "cuda" else None
-    from tvmfuse import bench_cli
+    from tvmfuse.bench import cli as bench_cli
 
     bench_cli.quiet_runtimes()
-    from tvmfuse import gpu_cases, workloads
+    from tvmfuse.bench import gpu_cases
+    from tvmfuse.zoo import workloads
 
     names = (workloads.names() if args.workloads == "all" else [] if args.workloads == "none"
              else [n.strip() for n in args.workloads.split(",") if n.strip()])
@@ -157,10 +158,10 @@ def all_main(argv):
     ap.add_argument("--budget", type=float, default=0.1, help="seconds of flushed calls per system per round")
     ap.add_argument("--out", default=os.path.join("results", "gpu"))
     args = ap.parse_args(argv)
-    from tvmfuse import bench_cli
+    from tvmfuse.bench import cli as bench_cli
 
     bench_cli.quiet_runtimes()
-    from tvmfuse.bench_gpu import NO_GPU_EXIT, describe_timing, no_gpu_reason
+    from tvmfuse.bench.gpu import NO_GPU_EXIT, describe_timing, no_gpu_reason
 
     reason = no_gpu_reason()
     if reason:
@@ -168,7 +169,8 @@ def all_main(argv):
         return NO_GPU_EXIT
     import tvm
 
-    from tvmfuse import bench, workloads
+    from tvmfuse.bench import core as bench
+    from tvmfuse.zoo import workloads
     from tvmfuse.target import resolve
 
     systems, t0 = [s.strip() for s in args.systems.split(",") if s.strip()], time.time()

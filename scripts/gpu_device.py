@@ -2,12 +2,12 @@
 
 Runs on a machine that has a GPU, numpy and torch but no TVM compiler (and maybe no TVM at all: the
 runtime-only package travels in .devbundle/site, see scripts/device_bundle.py). Imports nothing
-from tvmfuse except baselines.py's torch forms of the zoo, loaded by file path (it imports only
+from tvmfuse except bench/baselines.py's torch forms of the zoo, loaded by file path (it imports only
 numpy and torch), so `tvm.relax` / the compiler library are never needed.
 
-For each case of manifest.json (written by `gpu_check.py prepare`, tvmfuse/gpu_cases.py):
+For each case of manifest.json (written by `gpu_check.py prepare`, tvmfuse/bench/gpu_cases.py):
   - load <case>.so with tvm.runtime.load_module and make tvm.runtime.vm.VirtualMachine on the device
-  - regenerate the inputs (numpy default_rng(seed), as tvmfuse.workloads does) and check their sha256
+  - regenerate the inputs (numpy default_rng(seed), as tvmfuse.zoo.workloads does) and check their sha256
   - poison: call once on NaN inputs first, so any output element the real call does not write
     still holds a NaN from the pooled allocator's previous buffer
   - check the outputs against a float64 reference computed here (the workload's torch form, or the
@@ -126,7 +126,7 @@ def tvm_system(case, case_dir, dev, inputs):
     dev.sync()
     ran = weighted(kc.counts, case.get("kernels_per_func"))
     facts = {"load_s": round(load_s, 3), "calls": kc.counts}
-    if case.get("input_gen"):  # a model (tvmfuse.gpu_cases.bert_case): where its time goes, function by function
+    if case.get("input_gen"):  # a model (tvmfuse.bench.gpu_cases.bert_case): where its time goes, function by function
         _step(f"{case['id']}: profiled call")
         prof = LaunchCounter(case["kernel_funcs"], sync=dev.sync)
         counter_vm.set_instrument(prof)

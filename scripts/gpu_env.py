@@ -17,10 +17,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_portable():
-    """tvmfuse/gpu_portable.py, by path (importing the tvmfuse package would import the compiler)."""
+    """tvmfuse/bench/gpu_portable.py, by path (importing the tvmfuse package would import the compiler)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("tvmfuse_gpu_portable", os.path.join(ROOT, "tvmfuse", "gpu_portable.py"))
+    spec = importlib.util.spec_from_file_location("tvmfuse_gpu_portable", os.path.join(ROOT, "tvmfuse", "bench/gpu_portable.py"))
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod

@@ -1,8 +1,8 @@
 """The run half of the GPU check (scripts/gpu_device.py): the cases' inputs, float64 references and
 torch peers. Runtime-only: numpy and torch (where present), no TVM and nothing from the tvmfuse
-package but baselines.py's torch forms, loaded by file path.
+package but bench/baselines.py's torch forms, loaded by file path.
 
-  make_inputs / inputs_digest   - a case's inputs, as tvmfuse.workloads makes them, and their sha256
+  make_inputs / inputs_digest   - a case's inputs, as tvmfuse.zoo.workloads makes them, and their sha256
   attention_reference / zoo_reference - the float64 reference on the device (torch) or numpy
   compare                       - max abs/rel error, NaN and tolerance verdict
   torch_peers / model_peer      - the same computation in torch on the same device, timed beside TVM
@@ -18,13 +18,13 @@ ROOT = os.path.dirname(HERE)
 
 from gpu_env import load_portable  # noqa: E402
 
-inputs_digest = load_portable().inputs_digest  # the digest prepare recorded (tvmfuse/gpu_portable.py)
+inputs_digest = load_portable().inputs_digest  # the digest prepare recorded (tvmfuse/bench/gpu_portable.py)
 
 
 def load_torch_forms():
-    """tvmfuse/baselines.py's torch forms of the zoo, {name: f(workload) -> fn}, loaded by path
+    """tvmfuse/bench/baselines.py's torch forms of the zoo, {name: f(workload) -> fn}, loaded by path
     (importing the tvmfuse package would import the compiler)."""
-    path = os.path.join(ROOT, "tvmfuse", "baselines.py")
+    path = os.path.join(ROOT, "tvmfuse", "bench/baselines.py")
     spec = importlib.util.spec_from_file_location("tvmfuse_baselines_standalone", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -32,8 +32,8 @@ def load_torch_forms():
 
 
 def make_inputs(case, case_dir="."):
-    """The case's inputs exactly as tvmfuse.workload.Workload.inputs() makes them; a model's as
-    its input_gen says (stored in inputs_file, or tvmfuse.gpu_cases.generated_weight)."""
+    """The case's inputs exactly as tvmfuse.zoo.workload.Workload.inputs() makes them; a model's as
+    its input_gen says (stored in inputs_file, or tvmfuse.bench.gpu_cases.generated_weight)."""
     import numpy as np
 
     if "input_gen" in case:
@@ -79,7 +79,7 @@ def compare(out, ref, rtol, atol) -> dict:
 
 def attention_reference(case, inputs, torch, device):
     """softmax(Q·Kᵀ/sqrt(d) [causal: where(tril, ., -1e9)])·V on [b, s, h*d] inputs, heads split
-    and merged as tvmfuse.workloads.attention_workload does, in float64."""
+    and merged as tvmfuse.zoo.workloads.attention_workload does, in float64."""
     import numpy as np
 
     a = case["attention"]
@@ -104,7 +104,7 @@ def attention_reference(case, inputs, torch, device):
 
 
 def zoo_reference(case, inputs, torch, device, forms):
-    """The workload's torch form (tvmfuse.baselines) in float64 on the device; None without torch."""
+    """The workload's torch form (tvmfuse.bench.baselines) in float64 on the device; None without torch."""
     if torch is None or forms is None or case.get("torch_form") not in forms:
         return None, "no torch form here"
     fn = forms[case["torch_form"]](_workload_view(case))

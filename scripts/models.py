@@ -23,7 +23,7 @@ VARIANTS = ("none", "tvm", "tvmfuse")
 
 
 def parse(argv=None):
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(models.names()), help="comma-separated (default: all)")
@@ -62,7 +62,7 @@ def measure_model(name, size, repeat):
     import numpy as np
 
     import tvmfuse
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     t0 = time.perf_counter()
     w = tvmfuse.load(name, size)
@@ -108,7 +108,7 @@ def main(argv=None):
     import torch
 
     torch.set_num_threads(args.threads)
-    from tvmfuse import machine
+    from tvmfuse.runtime import machine
     from tvmfuse.errors import TvmfuseError
 
     record = machine.record("llvm")

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     args = parse(argv)
     from tqdm import tqdm
 
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
     from tvmfuse.errors import TvmfuseError
     from tvmfuse.target import resolve
     from tvmfuse.tuning import cli as tuning_cli, history
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
 
 def _measure(name, args, target) -> dict:
     import tvmfuse
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
 
     w = tvmfuse.load(name, args.size)
     cmp = tvmfuse.compare(w.mod, w.inputs(), target, VARIANTS, reference=w.reference(*w.inputs()), name=name,

@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def parse(argv=None):
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="all",
@@ -49,7 +49,7 @@ def main(argv=None):
     from tqdm import tqdm
 
     import tvmfuse
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
     from tvmfuse.errors import TvmfuseError
     from tvmfuse.target import resolve
 
@@ -95,7 +95,7 @@ def main(argv=None):
         with open(args.markdown, "w") as f:
             f.write("\n\n".join(c.to_markdown() for c in results) + "\n\n" + summary + "\n")
     if args.report:
-        from tvmfuse import report
+        from tvmfuse.report import html as report
 
         report.from_comparisons(args.report, names, args.size, results, target, getattr(args, "logs", None), run)
         print(f"wrote {args.report}", file=sys.stderr)

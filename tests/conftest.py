@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 from tvmfuse.install import install_once
 
 # The suite's process runs as a program after its first tvmfuse build does, whichever test comes

@@ -10,9 +10,9 @@ from tvm import relax
 from tvm.relax import op as R
 
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 from tvmfuse.relax_utils import call_tir_sites
-from tvmfuse.runtime import bytes_moved
+from tvmfuse.runtime.metrics import bytes_moved
 
 
 def _attention_kernels(c):
@@ -59,7 +59,7 @@ def test_head_dim_64_and_vit_tokens():
     (128, (4, 32)), (2048, (4, 32)), (1000, (4, 32)),  # must not move: no block pads less
 ])
 def test_ragged_sequences_take_the_blocks_that_pad_least(seq, expected):
-    from schedules.cpu_attention import least_padding
+    from schedules.cpu.attention import least_padding
 
     assert least_padding(seq, 32, 4, seq, 8, 32) == expected
     assert least_padding("sym0", 32, 4, "sym1", 8, 32) == (4, 32)  # symbolic: the table's
@@ -140,8 +140,8 @@ def test_must_not_fire(case, why, caplog):
 def test_the_group_is_legal_only_as_a_whole():
     """Legality's flash-attention rule covers exactly the matched ops: softmax with one matmul alone
     is still refused."""
-    from tvmfuse.passes import legality
-    from tvmfuse.passes.plan_fusion import DEFAULT_KNOBS, plan
+    from tvmfuse.fusion import legality
+    from tvmfuse.fusion.plan_fusion import DEFAULT_KNOBS, plan
 
     mod = tvmfuse.pipeline.fold_constants(workloads.get("attention").mod)
     p = plan(mod["main"].body.blocks[0], set(), DEFAULT_KNOBS)

@@ -85,7 +85,7 @@ MODEL_FILES = {  # name -> (file content, what the error must say)
 
 @pytest.mark.parametrize("name", sorted(MODEL_FILES))
 def test_malformed_model_file_is_a_frontend_error(name, tmp_path):
-    from tvmfuse.frontends import load_model
+    from tvmfuse.loader import load_model
 
     content, says = MODEL_FILES[name]
     content = content() if callable(content) else content
@@ -98,7 +98,7 @@ def test_malformed_model_file_is_a_frontend_error(name, tmp_path):
 
 
 def test_missing_model_file_and_unknown_name(tmp_path):
-    from tvmfuse.frontends import load_model
+    from tvmfuse.loader import load_model
 
     with pytest.raises(FrontendError, match="no such file"):
         load_model(str(tmp_path / "nope.onnx"))
@@ -394,7 +394,7 @@ socket.socket.connect = lambda self, addr: (_deny(addr[0] if isinstance(addr, tu
 socket.getaddrinfo = lambda host, *a, **k: (_deny(host), _orig_gai(host, *a, **k))[1]
 import numpy as np, tvmfuse
 from tvmfuse import models
-from tvmfuse.frontends import load_model
+from tvmfuse.loader import load_model
 ft = sys.modules["tvmfuse.frontends.from_torch"]  # the module (the package re-exports the function)
 # a full-size model is built as the user's loader builds it (transformers' config and module, where
 # the hub could be reached), then its torch.export is skipped: exporting is offline by nature, and
@@ -404,7 +404,7 @@ ft.from_torch = lambda module, args, *a, **k: None if CURRENT in models.FULL_SIZ
 for name in models.names():
     CURRENT = name
     m = load_model(name)
-w = tvmfuse.workloads.get("softmax_chain")
+w = tvmfuse.zoo.workloads.get("softmax_chain")
 tvmfuse.build(w.mod, "llvm", "tvmfuse")(*w.inputs())
 print("OK", models.names())
 """

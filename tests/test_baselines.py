@@ -2,7 +2,8 @@
 import numpy as np
 import pytest
 
-from tvmfuse import baselines, workloads
+from tvmfuse.bench import baselines
+from tvmfuse.zoo import workloads
 
 from conftest import assert_matches
 
@@ -36,7 +37,7 @@ def test_vanilla_tvm_is_tvm_alone_and_matches_the_reference():
     schedule rule on any kernel; dlight scheduled the softmax kernel, not the elementwise one."""
     import tvm
 
-    from tvmfuse.baselines_tvm import build_vanilla
+    from tvmfuse.bench.baselines_tvm import build_vanilla
 
     w = workloads.get("softmax_chain")
     c = build_vanilla(w.mod, "llvm")
@@ -88,8 +89,8 @@ def test_vanilla_tvm_for_cuda_is_tvms_default_gpu_pipeline():
     GPU, none left on the host. Compile only: no GPU needed."""
     import shutil
 
-    from tvmfuse import bench_gpu
-    from tvmfuse.baselines_tvm import build_vanilla
+    from tvmfuse.bench import gpu as bench_gpu
+    from tvmfuse.bench.baselines_tvm import build_vanilla
 
     if not shutil.which("nvcc"):
         pytest.skip("nvcc is not on PATH")

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 import tvm
 
-from tvmfuse import bench, bench_gpu, workloads
+from tvmfuse.bench import core as bench, gpu as bench_gpu
+from tvmfuse.zoo import workloads
 from tvmfuse.build import cuda_kernels, cuda_source
-from tvmfuse.runtime import dynamic_launches, weighted_launches
+from tvmfuse.runtime.metrics import dynamic_launches, weighted_launches
 from tvmfuse.target import resolve
 
 from conftest import built

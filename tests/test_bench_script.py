@@ -56,7 +56,7 @@ def test_bench_runs_a_real_model(tmp_path):
 def test_the_torch_compile_backend_is_a_system_of_real_models():
     """torch.compile[tvmfuse]: the module through torch.compile(backend="tvmfuse"), timed beside
     Inductor; checked against the reference like every system; the zoo has no torch module."""
-    from tvmfuse import bench
+    from tvmfuse.bench import core as bench
 
     row = bench.measure_workload("resnet-tiny", "small", ("tvmfuse", bench.BACKEND), rounds=1, budget_s=0.0)
     assert set(row.ms) == {"tvmfuse", bench.BACKEND} and row.ok[bench.BACKEND]
@@ -70,7 +70,7 @@ def test_the_system_after_numpy_waits_for_openblas_to_stop_spinning(monkeypatch)
     benchmark sleeps BLAS_SPIN_S after timing numpy, every round, and only then."""
     import numpy as np
 
-    from tvmfuse import bench
+    from tvmfuse.bench import core as bench
 
     events = []
     ready = {s: bench.Ready(call=lambda s=s: events.append(s), out=np.zeros(1)) for s in ("tvm", "numpy", "torch")}
@@ -90,7 +90,8 @@ def test_the_system_after_numpy_waits_for_openblas_to_stop_spinning(monkeypatch)
 def test_a_kernel_profile_far_slower_than_the_timing_is_retaken(monkeypatch, totals, taken, kept):
     """The kernel profile of a real model runs after the timing rounds; one taken in a slow stretch
     of the host made every kernel look slow (false cliffs). It is retaken, the fastest kept."""
-    from tvmfuse import bench, runtime
+    from tvmfuse.bench import core as bench
+    from tvmfuse.runtime import metrics as runtime
 
     calls = []
 
@@ -105,7 +106,7 @@ def test_a_kernel_profile_far_slower_than_the_timing_is_retaken(monkeypatch, tot
 
 def test_dynamic_bench_runs_one_symbolic_build_against_static_and_torch_compile(tmp_path):
     """bench_dynamic on the tiny BERT at one length, one round: the row, its systems, numerics."""
-    from tvmfuse import bench_dynamic
+    from tvmfuse.bench import dynamic as bench_dynamic
 
     out = tmp_path / "d.json"
     md = tmp_path / "d.md"
@@ -142,7 +143,7 @@ def test_json_and_markdown_carry_the_machine_record_and_vanilla_tvm(tmp_path):
 
 
 def test_best_peer_includes_torch_compile_with_freezing():
-    from tvmfuse import bench
+    from tvmfuse.bench import core as bench
 
     row = bench.Row("w", ms={"tvmfuse": 1.0, "tvm": 1.5, "torch.compile": 2.0, bench.FREEZING: 0.5,
                              "onnxruntime": 3.0, bench.VANILLA: 4.0})
@@ -160,7 +161,7 @@ def test_a_slow_system_is_timed_in_few_rounds_of_one_call(monkeypatch):
     call in each of SLOW_ROUNDS rounds, and the row and the summary say so."""
     import numpy as np
 
-    from tvmfuse import bench
+    from tvmfuse.bench import core as bench
 
     events = []
     ready = {s: bench.Ready(call=lambda s=s: events.append(s), out=np.zeros(1)) for s in ("tvmfuse", bench.VANILLA)}

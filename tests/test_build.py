@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 from tvmfuse.errors import InputError, TargetError
 
 from conftest import assert_matches, built

@@ -1,5 +1,5 @@
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 
 
 def classes(name):

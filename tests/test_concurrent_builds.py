@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 
 
 def _build(name):

@@ -1,4 +1,4 @@
-"""cpu.Conv2D's choice between its two tiles (schedules/cpu_conv.py: _prefer_columns): a conv with a
+"""cpu.Conv2D's choice between its two tiles (schedules/cpu/conv.py: _prefer_columns): a conv with a
 short reduction (MobileNetV2's 16->96 expansion) or too few output channels to fill the channel
 vector writes its NCHW rows from a column tile; strided convs, narrow maps and long reductions keep
 the channel tile. Numerics against PyTorch in both tiles."""

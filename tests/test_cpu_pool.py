@@ -1,4 +1,4 @@
-"""schedules/cpu_pool.py: pooling windows get cpu.Pool (not the fallback) and the same numbers."""
+"""schedules/cpu/pool.py: pooling windows get cpu.Pool (not the fallback) and the same numbers."""
 import numpy as np
 import pytest
 import torch
@@ -6,7 +6,7 @@ import tvm
 from tvm import relax
 
 import tvmfuse
-from schedules.cpu_pool import Pool
+from schedules.cpu.pool import Pool
 
 RNG = np.random.default_rng(7)
 

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 
 from conftest import built
 
@@ -102,7 +102,7 @@ def test_no_stage_is_left_on_the_host(name, fusion):
     conv + relu + batch-norm + add group, which dlight's Matmul scheduled around)."""
     import tvm
 
-    from schedules.cuda import stray_blocks
+    from schedules.cuda.rules import stray_blocks
 
     c = built(name, fusion, target="cuda", size="bench" if name == "conv_relu_bn_add" else "small")
     for gv, f in c.mod.functions_items():

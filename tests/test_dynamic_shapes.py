@@ -171,7 +171,7 @@ def test_bert_tiny_symbolic_sequence_imports_fuses_and_matches_torch():
     pytest.importorskip("transformers")
     from torch.export import Dim
 
-    from tvmfuse import models
+    from tvmfuse.zoo import models
     from tvmfuse.errors import InputError
 
     torch.manual_seed(0)
@@ -238,7 +238,7 @@ def test_bert_tiny_symbolic_sequence_compiles_for_cuda_with_no_host_fallback():
     pytest.importorskip("transformers")
     from torch.export import Dim
 
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     torch.manual_seed(0)
     m = models._bert_module()
@@ -355,7 +355,7 @@ def test_gpt2_exported_with_a_symbolic_sequence_builds_and_matches():
     pytest.importorskip("transformers")
     from torch.export import Dim
 
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     m = models._gpt2_module()
     mod = tvmfuse.from_torch(m, (torch.randint(0, 100, (1, 16)),),

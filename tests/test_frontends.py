@@ -9,7 +9,7 @@ onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
 import tvmfuse  # noqa: E402
-from tvmfuse import models  # noqa: E402
+from tvmfuse.zoo import models  # noqa: E402
 from tvmfuse.errors import FrontendError, InputError  # noqa: E402
 
 MODELS = [m for m in models.names() if m not in models.FULL_SIZE]  # full size: test_full_models.py

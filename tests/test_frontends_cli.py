@@ -36,7 +36,7 @@ def test_tune_model_file(spec, tmp_path):
 def test_tune_onnx_file(tmp_path):
     torch = pytest.importorskip("torch")
     pytest.importorskip("onnxruntime")
-    from tvmfuse.models import export_onnx
+    from tvmfuse.zoo.models import export_onnx
 
     torch.manual_seed(0)
     m = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32)).eval()

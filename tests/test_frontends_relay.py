@@ -8,7 +8,7 @@ import pytest
 
 import tvmfuse
 from tvmfuse.errors import FrontendError
-from tvmfuse.frontends import load_model
+from tvmfuse.loader import load_model
 from tvmfuse.frontends.relay_ops import OPS
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "relay")

@@ -11,8 +11,8 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 import tvmfuse  # noqa: E402
-from tvmfuse import models  # noqa: E402
-from tvmfuse.roofline import graph_flops  # noqa: E402
+from tvmfuse.zoo import models  # noqa: E402
+from tvmfuse.runtime.roofline import graph_flops  # noqa: E402
 
 _CACHE = {}
 

@@ -8,9 +8,9 @@ from tvm import relax
 from tvm.relax import op as R
 
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 from tvmfuse.relax_utils import call_tir_sites
-from tvmfuse.runtime import bytes_moved
+from tvmfuse.runtime.metrics import bytes_moved
 
 from conftest import assert_matches, built
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from tvmfuse import te_compose
+from tvmfuse.fusion import te_compose
 from tvmfuse.fuzz import (ALL_OPS, HypothesisSource, RandomSource, check_spec, generate, make_inputs, spec_ops,
                           to_module)
 from tvmfuse.fuzz.shrink import shrink_seed

@@ -1,4 +1,4 @@
-"""Golden Before/Expected IR for FuseGroupsTE (passes/fuse_groups_te.py), with the cases where it
+"""Golden Before/Expected IR for FuseGroupsTE (fusion/fuse_groups_te.py), with the cases where it
 must not fire. The plan it stamps (`tvmfuse.plan`) is checked apart from the IR."""
 import json
 
@@ -7,8 +7,8 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from tvmfuse.passes.fuse_groups_te import FuseGroupsTE
-from tvmfuse.plan import Plan
+from tvmfuse.fusion.fuse_groups_te import FuseGroupsTE
+from tvmfuse.fusion.plan import Plan
 
 
 def _fused(mod, **knobs):

@@ -1,4 +1,4 @@
-"""The two-phase GPU check without a GPU: `prepare` (tvmfuse.gpu_cases) writes exported cases and a
+"""The two-phase GPU check without a GPU: `prepare` (tvmfuse.bench.gpu_cases) writes exported cases and a
 manifest; `run` (scripts/gpu_device.py, runtime-only TVM, no tvmfuse import) loads them and checks,
 counts and times them. Here on llvm + the CPU, the flow the device runs on CUDA."""
 import json
@@ -10,7 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from tvmfuse import gpu_cases, workloads
+from tvmfuse.bench import gpu_cases
+from tvmfuse.zoo import workloads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))

@@ -1,4 +1,4 @@
-"""Grouped and depthwise convs under cpu.Conv2D (schedules/cpu_conv.py: _grouping, _grouped_tile,
+"""Grouped and depthwise convs under cpu.Conv2D (schedules/cpu/conv.py: _grouping, _grouped_tile,
 _pack_input): numerics against PyTorch on ragged shapes, the rule that takes them, and code that
 computes whole vectors instead of one lane at a time."""
 import re

@@ -149,7 +149,7 @@ def test_call_te_is_tvms_after_a_build():
     from tvm import relax
 
     import tvmfuse
-    from tvmfuse import te_compose
+    from tvmfuse.fusion import te_compose
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((8, 16), "float32"))

@@ -1,4 +1,4 @@
-"""The knob layout_prologue (tvmfuse/config.py, passes/profitability.py): a transpose of a
+"""The knob layout_prologue (tvmfuse/config.py, fusion/profitability.py): a transpose of a
 non-constant tensor in front of a matmul is fused into it on llvm and kept its own kernel on CUDA
 (the target's knob default: config.TARGET_DEFAULTS), unless the caller sets the knob."""
 import logging

@@ -8,9 +8,10 @@ from tvm.ir.instrument import pass_instrument
 
 import tvmfuse
 from schedules.targets import CPU_SCHEMA, cpu_table
-from tvmfuse import config, pipeline, workloads
+from tvmfuse import config, pipeline
+from tvmfuse.zoo import workloads
 from tvmfuse.errors import ConfigError, UnknownKnobError
-from tvmfuse.passes.api import plan_of
+from tvmfuse.fusion.api import plan_of
 from tvmfuse.target import resolve
 from tvmfuse.tuning.tasks import extract, fused_module
 

@@ -65,7 +65,7 @@ def imports_of(name: str, path: str, known) -> set[str]:
         else:
             continue
         for t in targets:
-            while t and t not in known:  # `import tvmfuse.passes.api as x` of an attribute path
+            while t and t not in known:  # `import tvmfuse.fusion.api as x` of an attribute path
                 t = t.rpartition(".")[0]
             if t and t != name:
                 out.add(t)
@@ -87,16 +87,16 @@ def test_the_import_graph_is_read():
     g = import_graph()
     assert ("tvmfuse.build", "tvmfuse.pipeline") in g.edges  # from . import config, debug, pipeline
     assert ("tvmfuse.build", "tvmfuse.passes.shape_buckets") in g.edges  # inside build()
-    assert ("tvmfuse.frontends.load", "tvmfuse.models") in g.edges  # from .. import models
+    assert ("tvmfuse.loader", "tvmfuse.zoo.models") in g.edges  # from .. import models
     assert ("tvmfuse.build", "tvmfuse") not in g.edges  # `from . import x` is an edge to x alone
 
 
 def test_the_loader_sits_above_the_zoo_and_the_models():
     """load_model imports the zoo and the models; neither imports it (nor the frontends' package)."""
     g = import_graph()
-    assert {"tvmfuse.models", "tvmfuse.workloads"} <= set(g.successors("tvmfuse.frontends.load"))
-    for low in ("tvmfuse.models", "tvmfuse.workloads", "tvmfuse.workload"):
-        assert not {"tvmfuse.frontends.load", "tvmfuse.frontends"} & nx.descendants(g, low), low
+    assert {"tvmfuse.zoo.models", "tvmfuse.zoo.workloads"} <= set(g.successors("tvmfuse.loader"))
+    for low in ("tvmfuse.zoo.models", "tvmfuse.zoo.workloads", "tvmfuse.zoo.workload"):
+        assert not {"tvmfuse.loader", "tvmfuse.frontends"} & nx.descendants(g, low), low
 
 
 def test_no_import_cycles():
@@ -136,8 +136,8 @@ def test_no_function_over_the_limit():
 @pytest.mark.parametrize("source,expected", [
     ("from .debug import Session", {"tvmfuse.debug"}),
     ("from . import debug, pipeline", {"tvmfuse.debug", "tvmfuse.pipeline"}),
-    ("def f():\n    from .passes.api import fuse", {"tvmfuse.passes.api"}),
-    ("import tvmfuse.passes.api", {"tvmfuse.passes.api"}),
+    ("def f():\n    from .fusion.api import fuse", {"tvmfuse.fusion.api"}),
+    ("import tvmfuse.fusion.api", {"tvmfuse.fusion.api"}),
     ("from schedules.targets import CUDA", {"schedules.targets"}),
     ("import numpy", set()),
 ])
@@ -145,5 +145,5 @@ def test_imports_of(tmp_path, source, expected):
     path = tmp_path / "m.py"
     path.write_text(source + "\n")
     known = {"tvmfuse", "tvmfuse.m", "tvmfuse.debug", "tvmfuse.pipeline", "tvmfuse.passes",
-             "tvmfuse.passes.api", "schedules", "schedules.targets"}
+             "tvmfuse.fusion.api", "schedules", "schedules.targets"}
     assert imports_of("tvmfuse.m", str(path), known) == expected

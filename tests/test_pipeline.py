@@ -6,10 +6,12 @@ import pytest
 import tvm
 
 import tvmfuse
-from tvmfuse import config, pipeline, report, workloads
+from tvmfuse import config, pipeline
+from tvmfuse.report import html as report
+from tvmfuse.zoo import workloads
 from tvmfuse.errors import ConfigError, UnknownKnobError
-from tvmfuse.plan import Plan
-from tvmfuse.te_compose import NotComposable
+from tvmfuse.fusion.plan import Plan
+from tvmfuse.fusion.te_compose import NotComposable
 
 DEBUG_FILES = {"00_input.py", "10_classified.txt", "20_plan.json", "30_fused.py", "40_scheduled.py",
                "50_source.ll", "pass_timing.txt"}
@@ -102,7 +104,7 @@ def test_structurally_equal_groups_share_one_primfunc(width, kernels):
 
 
 def test_a_group_te_refuses_shows_as_refused(monkeypatch):
-    from tvmfuse.passes import fuse_groups_te
+    from tvmfuse.fusion import fuse_groups_te
 
     def refuse(g, members):
         raise NotComposable("refused for the test")
@@ -115,7 +117,7 @@ def test_a_group_te_refuses_shows_as_refused(monkeypatch):
     assert c.launches == c.plan.kernels() == 4
     text = tvmfuse.explain(c)
     assert "-> 4 kernels" in text and "refused by TE lowering" in text and "refused for the test" in text
-    assert not [grp for grp in tvmfuse.viz.fusion_graph(c).groups if grp.fused]
+    assert not [grp for grp in tvmfuse.report.viz.fusion_graph(c).groups if grp.fused]
 
 
 def test_a_report_builds_each_variant_once(monkeypatch, tmp_path):

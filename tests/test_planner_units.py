@@ -12,9 +12,9 @@ import dataclasses
 import pytest
 from tvm import relax
 
-from tvmfuse.passes import legality, profitability
-from tvmfuse.passes.graph import BlockGraph
-from tvmfuse.passes.plan_fusion import plan
+from tvmfuse.fusion import legality, profitability
+from tvmfuse.fusion.graph import BlockGraph
+from tvmfuse.fusion.plan_fusion import plan
 
 try:
     from tvmfuse.config import default_knobs as _dk
@@ -22,7 +22,7 @@ try:
     KNOBS = _dk()
 except ImportError:
     try:
-        from tvmfuse.passes.plan_fusion import DEFAULT_KNOBS as KNOBS
+        from tvmfuse.fusion.plan_fusion import DEFAULT_KNOBS as KNOBS
     except ImportError:  # the defaults moved to tvmfuse.config.Knobs
         from tvmfuse.config import Knobs
 

@@ -247,7 +247,7 @@ def test_fold_batch_norm_must_not_fire(case):
 
 
 def test_resnet_tiny_has_no_batch_norm_arithmetic_left():
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     w = models.get("resnet-tiny", "small")
     mod = tvmfuse.prepare(w.mod, "llvm", "none")

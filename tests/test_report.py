@@ -16,9 +16,11 @@ import xml.etree.ElementTree as ET
 import pytest
 
 import tvmfuse
-from tvmfuse import cli, report, viz, workloads
+from tvmfuse import cli
+from tvmfuse.report import html as report, viz
+from tvmfuse.zoo import workloads
 from tvmfuse.pipeline import fold_constants
-from tvmfuse.runtime import bytes_moved, dynamic_launches, kernel_profile
+from tvmfuse.runtime.metrics import bytes_moved, dynamic_launches, kernel_profile
 
 from test_viz import torch_model_mod
 

@@ -1,7 +1,7 @@
 import pytest
 
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 
 from conftest import built
 
@@ -66,7 +66,7 @@ def test_compare_table_text_json_markdown():
 def test_kernel_profile_takes_each_kernels_median_over_runs(monkeypatch):
     """One run stalled by the host (1 s added to one kernel call in the middle run of 3) must not
     make that kernel look slow: each kernel's time is its median over the runs, not the mean."""
-    from tvmfuse import runtime
+    from tvmfuse.runtime import metrics as runtime
 
     w = workloads.get("softmax_decomposed", "small")
     c = built("softmax_decomposed", "none")

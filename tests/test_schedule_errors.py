@@ -9,7 +9,7 @@ from tvm import relax, s_tir, te
 
 import schedules
 import tvmfuse
-from schedules import cpu
+from schedules.cpu import rules as cpu
 from schedules.rule import ScheduleRule, apply_rules
 from tvmfuse import config
 from tvmfuse.passes import fold_constants

@@ -10,7 +10,7 @@ from tvm import relax, te
 
 import schedules
 import tvmfuse
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 
 from conftest import built
 
@@ -485,7 +485,7 @@ def test_topis_own_parallel_scan_is_kept_as_written_and_a_serial_loop_is_not(cap
     loop parallel over the other axes and a serial scan. No block rule can read it; cpu.AsWritten
     keeps it (no "left unscheduled" warning), in every variant, and it stays right. A hand-written
     kernel whose loops are all serial is declined by it."""
-    from schedules.cpu import AsWritten
+    from schedules.cpu.rules import AsWritten
 
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((4, 37), "float32"))

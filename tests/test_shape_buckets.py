@@ -102,7 +102,7 @@ def test_bert_tiny_buckets_match_torch_at_bucket_and_other_lengths():
     pytest.importorskip("transformers")
     from torch.export import Dim
 
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     torch.manual_seed(0)
     m = models._bert_module()
@@ -135,7 +135,7 @@ def test_each_bucket_is_a_tuning_task_of_its_own():
 def test_measure_and_profile_read_the_version_the_inputs_run():
     """measure / kernel_profile of a bucketed build report the kernels its inputs dispatch to: a
     bucket's static kernels (bytes as the static build's) or the generic ones."""
-    from tvmfuse.runtime import kernel_profile, measure
+    from tvmfuse.runtime.metrics import kernel_profile, measure
 
     c = tvmfuse.build(Mlp, "llvm", "tvmfuse", buckets={"n": [64]})
     static = tvmfuse.build(relax.transform.BindSymbolicVars({"n": 64})(Mlp), "llvm", "tvmfuse")

@@ -107,7 +107,7 @@ def test_berts_all_zero_mask_leaves_its_attention_kernel():
     The pass drops it, so the fused attention kernel has no mask step (no gather per score vector),
     and the model still matches PyTorch."""
     import tvmfuse
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     m = models.get("bert-tiny", "small")
     c = tvmfuse.build(m.mod, "llvm", "tvmfuse")

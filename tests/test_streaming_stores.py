@@ -7,7 +7,7 @@ import tvm
 from tvm import relax, s_tir, te
 
 import tvmfuse
-import tvmfuse.roofline
+import tvmfuse.runtime.roofline
 from schedules.targets import cpu_table
 from tvmfuse.passes.streaming_stores import STREAM_ATTR, MarkStreamingStores, register_pipeline, stream_outputs
 
@@ -125,7 +125,7 @@ def test_a_build_streams_its_large_outputs_and_stays_exact(n, m, fusion, monkeyp
     rng = np.random.default_rng(n)
     xv, bv = rng.standard_normal((n, m)).astype("float32"), rng.standard_normal(m).astype("float32")
     plain = tvmfuse.build(_bias_relu(n, m), "llvm", fusion)
-    monkeypatch.setattr(tvmfuse.roofline, "last_level_cache_bytes", lambda: 512 * 1024)
+    monkeypatch.setattr(tvmfuse.runtime.roofline, "last_level_cache_bytes", lambda: 512 * 1024)
     streamed = tvmfuse.build(_bias_relu(n, m), "llvm", fusion)
     asm = streamed.executable.mod.imports[0].inspect_source("asm")
     assert "vmovntps" in asm and "sfence" in asm
@@ -140,9 +140,9 @@ def test_rmsnorm_streams_only_the_output_it_does_not_read_back(monkeypatch, capl
     only y is streamed (logged); both outputs match numpy."""
     import logging
 
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
 
-    monkeypatch.setattr(tvmfuse.roofline, "last_level_cache_bytes", lambda: 64 * 1024)
+    monkeypatch.setattr(tvmfuse.runtime.roofline, "last_level_cache_bytes", lambda: 64 * 1024)
     w = workloads.get("rmsnorm_residual", "small")
     with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
         compiled = tvmfuse.build(w.mod, "llvm", "tvmfuse")

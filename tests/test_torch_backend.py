@@ -6,7 +6,7 @@ import pytest
 import torch
 import tvm
 
-from tvmfuse import torch_backend
+from tvmfuse.frontends import torch_backend
 
 
 class Block(torch.nn.Module):
@@ -138,7 +138,7 @@ def test_small_bert_dynamic_compiles_once_and_matches_eager_at_every_length():
     min(s, 256) tightened under dynamo's bound, so the one graph builds symbolic and runs every
     length; the attention is one flash kernel per layer."""
     pytest.importorskip("transformers")
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -241,7 +241,7 @@ def test_tiny_models_build_without_eager_fallback(name, caplog):
     """transformers' GPT-2 (its mask code), ResNet (BatchNorm as a function) and Llama
     (torch._C._log_api_usage_once in its mask code) ran eagerly under the backend before; now each
     is one tvmfuse build that matches eager."""
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     torch._dynamo.reset()
     w = models.get(name, "small")
@@ -284,7 +284,7 @@ def test_gpt2_dynamic_compiles_once_and_matches_eager(caplog):
     """transformers' GPT-2 under dynamic=True: one symbolic build for every length (its mask code's
     diff, advanced indexing and size-valued tensors, its GELU's sqrt of a lifted float)."""
     pytest.importorskip("transformers")
-    from tvmfuse import models
+    from tvmfuse.zoo import models
 
     torch._dynamo.reset()
     w = models.get("gpt2-tiny", "small")

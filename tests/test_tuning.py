@@ -24,7 +24,7 @@ from tvmfuse.tuning import curves, decisions, merge, target_key, tune
 from tvmfuse.tuning.database import DurableDatabase, mean_secs
 from tvmfuse.tuning.keys import target_dir
 from tvmfuse.tuning.tasks import extract, fused_module
-from tvmfuse.tuning.tune import MARGIN
+from tvmfuse.tuning.autotune import MARGIN
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRIALS = 4
@@ -231,7 +231,7 @@ def test_every_zoo_task_has_a_design_space_and_a_default(fusion):
     default schedule to measure each task against (the default rules schedule its source form)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tvmfuse import workloads
+    from tvmfuse.zoo import workloads
     from tvmfuse.tuning.measure import default_scheduled
 
     target = resolve("llvm")

@@ -1,4 +1,4 @@
-"""The fusion pictures (tvmfuse.viz), checked structurally in the SVG XML: every op appears once,
+"""The fusion pictures (tvmfuse.report.viz), checked structurally in the SVG XML: every op appears once,
 every group is drawn as a box, node colours are the colours of the op classes, and the groups and
 refusals are the ones `tvmfuse.explain` prints."""
 import re
@@ -8,7 +8,8 @@ import networkx as nx
 import pytest
 
 import tvmfuse
-from tvmfuse import viz, workloads
+from tvmfuse.report import viz
+from tvmfuse.zoo import workloads
 
 SVG = "{http://www.w3.org/2000/svg}"
 

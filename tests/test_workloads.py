@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from tvmfuse import workloads
+from tvmfuse.zoo import workloads
 from tvmfuse.errors import UnknownWorkloadError
 
 ZOO = ["bias_relu_dropout", "conv_relu_bn_add", "softmax_chain", "softmax_decomposed", "layernorm_decomposed",
@@ -33,7 +33,7 @@ def test_bench_shapes_are_the_documented_ones():
 def test_large_shapes_overflow_the_cache():
     """"large" is for the roofline: a memory-bound workload's minimal bytes must be over 4x a
     32 MiB last-level cache (else its bandwidth bound is no bound); compute-heavy ones stay as bench."""
-    from tvmfuse import roofline
+    from tvmfuse.runtime import roofline
 
     assert set(workloads.memory_bound_names()) == {  # the facts the workloads carry
         "bias_relu_dropout", "softmax_chain", "softmax_decomposed", "layernorm_decomposed", "rmsnorm_residual",
@@ -57,11 +57,11 @@ def test_unknown_size_is_named():
 
 
 def test_one_workload_type_for_the_zoo_the_models_and_model_files():
-    """The zoo, the real models and model files are one type (tvmfuse/workload.py): a model's is
+    """The zoo, the real models and model files are one type (tvmfuse/zoo/workload.py): a model's is
     made by Workload.imported, with its inputs' specs and the FLOPs counted from its graph."""
     import tvmfuse
-    from tvmfuse import roofline
-    from tvmfuse.workload import Workload
+    from tvmfuse.runtime import roofline
+    from tvmfuse.zoo.workload import Workload
 
     z = workloads.get("mlp_block")
     assert type(z) is Workload and z.zoo and not z.memory_bound

@@ -11,7 +11,8 @@ import sys
 
 
 def _report(args) -> int:
-    from . import report, workloads
+    from .report import html as report
+    from .zoo import workloads
 
     names = workloads.names() if args.model == "all" else [n.strip() for n in args.model.split(",") if n.strip()]
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
@@ -22,9 +23,9 @@ def _report(args) -> int:
 
 
 def _graph(args) -> int:
-    from . import report, viz
+    from .report import html as report, viz
 
-    from .frontends import load
+    from .loader import load
 
     w = load(args.model, args.size)
     fg = viz.fusion_graph(w.mod)
@@ -36,7 +37,7 @@ def _graph(args) -> int:
 
 
 def _subcommands(sub):
-    from . import workloads
+    from .zoo import workloads
 
     r = sub.add_parser("report", help="measure workloads and write one self-contained HTML report")
     r.add_argument("--model", default="all", help="zoo workloads, real models or model files, comma-separated, "
@@ -54,7 +55,7 @@ def _subcommands(sub):
     g.add_argument("--kernels", action="store_true", help="draw the kernel graph after fusion instead")
     g.add_argument("--out", default="graph.svg", help="output file, .svg or .png (default: graph.svg)")
     g.set_defaults(func=_graph)
-    from . import bench_cli
+    from .bench import cli as bench_cli
 
     b = sub.add_parser("bench", help="the zoo across none/tvm/tvmfuse and the peers, with the roofline")
     bench_cli.add_arguments(b)

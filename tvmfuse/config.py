@@ -12,7 +12,7 @@ them, and `pipeline.Options.for_target` is the one place a build, a tuning run, 
 get their knobs from (so on CUDA all of them plan with layout_prologue=False).
 
 CPU schedule constants. The table itself is derived from the llvm target's ISA in
-`schedules/targets.py` (`cpu_table`; its entries and their kinds in schedules/cpu_constants.py);
+`schedules/targets.py` (`cpu_table`; its entries and their kinds in schedules/cpu/constants.py);
 this module owns the overrides of its entries, which the table applies each time it is read:
   1. `TVMFUSE_CPU_<KEY>=<value>` in the environment (`TVMFUSE_CPU_CONV_COLUMNS=4`,
      `TVMFUSE_CPU_WINOGRAD=0`, `TVMFUSE_CPU_WINOGRAD_TILES=4,2`), read on every call;
@@ -33,7 +33,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from schedules.cpu_constants import SCHEMA as CPU_SCHEMA
+from schedules.cpu.constants import SCHEMA as CPU_SCHEMA
 
 from .errors import ConfigError, UnknownKnobError
 
@@ -45,7 +45,7 @@ class Knobs:
     multi_output: bool = True  # a fused kernel may write several outputs (add + RMSNorm: sum and norm)
     stitch_reductions: bool = True  # several reductions over the same rows in one kernel (softmax)
     sibling: bool = True  # horizontal fusion of groups that read the same input
-    attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (passes/match_attention.py)
+    attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (fusion/match_attention.py)
     # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it (on for
     # llvm, whose packing stage absorbs it; off for CUDA: TARGET_DEFAULTS)
     layout_prologue: bool = True
@@ -154,7 +154,7 @@ def _cpu_value(key: str, value, source: str):
     """`value` as the CPU table's entry `key` takes it (the kind of its derived value)."""
     if key not in CPU_SCHEMA:
         raise UnknownKnobError(f"unknown CPU table key {key!r} ({source}); known: {sorted(CPU_SCHEMA)} "
-                               "(see schedules/cpu_constants.py)")
+                               "(see schedules/cpu/constants.py)")
     kind = CPU_SCHEMA[key]
     if kind is bool:
         return _bool(value, source)

@@ -24,9 +24,9 @@ import re
 import tvm
 from tvm.ir.instrument import PassTimingInstrument, pass_instrument
 
-from .classify import classify
+from .fusion.classify import classify
 from .kernel_source import generated_source
-from .plan import Plan
+from .fusion.plan import Plan
 
 
 def _script(mod) -> str:

@@ -1,7 +1,7 @@
 """The generated code of a build: LLVM IR or CUDA C, and the CUDA kernels it defines.
 
 Read by `Compiled.source()` (build.py), the debug dump's `50_source.*` (debug.py) and the GPU
-check's manifest (gpu_cases.py); it knows nothing of either, so both can import it.
+check's manifest (bench/gpu_cases.py); it knows nothing of either, so both can import it.
 """
 from __future__ import annotations
 

@@ -8,10 +8,10 @@
                   vary along; 1x1 convs on small                               passes/conv1x1_matmul.py,
                   maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
                   Winograd F(4x4) / F(2x2) (llvm) (every variant alike)
-  fuse            the variant: "none" = every op its own kernel (LegalizeOps);  passes/fuse_groups_te.py,
+  fuse            the variant: "none" = every op its own kernel (LegalizeOps);  fusion/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
                   plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
-                  is stamped on the module); Winograd output + epilogue as one   te_compose.py,
+                  is stamped on the module); Winograd output + epilogue as one   fusion/te_compose.py,
                   kernel                                                         fuse_winograd_epilogue.py
   mark_constants  which PrimFunc parameters are constant weights                passes/prepack_weights.py
   apply_tuning    MetaSchedule records (tuning_logs/) that beat the default     tuning/apply.py
@@ -38,7 +38,7 @@ from tvm import relax
 
 from . import config
 from .install import install_once
-from .plan import Plan
+from .fusion.plan import Plan
 from .relax_utils import GRAPH_LOCK
 from .target import resolve
 from .tuning.apply import apply_logs
@@ -160,7 +160,7 @@ def phase_passes(phase: str, opts: Options) -> list:
             return []
         return [_function_pass("ApplyTuningLogs", lambda m: apply_logs(m, t, opts.tuning_logs))]
     if phase == "schedule":
-        from .roofline import stamp_flops
+        from .runtime.roofline import stamp_flops
 
         return [_function_pass("ApplyDefaultSchedules", lambda m: schedules.apply_default_schedules(m, t)),
                 _function_pass("StampFlops", stamp_flops),  # before lower_math: Schedule() rejects its Lets
@@ -173,7 +173,7 @@ def phase_passes(phase: str, opts: Options) -> list:
         if t.kind.name != "llvm":
             return lowering_passes(t) + [MarkNoAlias]
         from .passes.streaming_stores import MarkStreamingStores
-        from .roofline import last_level_cache_bytes
+        from .runtime.roofline import last_level_cache_bytes
 
         return [MarkStreamingStores(schedules.targets.cpu_table(t), last_level_cache_bytes())] + \
             lowering_passes(t) + [MarkNoAlias]

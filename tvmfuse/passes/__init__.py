@@ -5,7 +5,7 @@ def tvmfuse_passes(knobs):
     """knobs: a config.Knobs."""
     from tvm import relax
 
-    from .fuse_groups_te import FuseGroupsTE
+    from ..fusion.fuse_groups_te import FuseGroupsTE
     from .fuse_winograd_epilogue import FuseWinogradEpilogue
 
     T = relax.transform

@@ -14,7 +14,7 @@ at build time, so the matmul's weight is a constant [K, N] that PrepackWeights p
 micro-kernel's panels; a non-constant W gets a permute_dims that the fusion planner takes like any
 layout op. Everything after the conv (bias, relu, a residual) reads `y` as before.
 
-Why: the direct conv (schedules/cpu_conv.py) tiles each output row by `conv_columns` pixels, so a
+Why: the direct conv (schedules/cpu/conv.py) tiles each output row by `conv_columns` pixels, so a
 7-wide row (ResNet-50's layer 4) fills 7 of 12 slots on AVX2 (7 of 8 on AVX-512: it stays); the matmul
 tiles all Ho*Wo pixels of a map by `mm_rows` and vectorizes over output channels, which are a
 multiple of the vector in these models. Profitability compares the two tiles' fill: the rewrite

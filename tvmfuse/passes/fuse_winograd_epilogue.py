@@ -10,7 +10,7 @@ Contract. In every dataflow block of every Relax function, a chain
 becomes  ek = call_tir(fused, [M, operands...]), one PrimFunc built from one TE compute: the
 transform's own TE (winograd.output_compute) read through the NCHW index, then each e_i's own TE
 (te_compose.OpToTE). The chain takes ops while the value so far has exactly one use, is not a
-block output, and its user is elementwise or broadcast (classify.py) to the same [1, O, H, W]
+block output, and its user is elementwise or broadcast (fusion/classify.py) to the same [1, O, H, W]
 shape, or an inference batch_norm over channels whose tuple only gives its output (statistics
 that are inputs, so FoldBatchNorm left it; one link with its TupleGetItem); where it stops, the
 reason is logged. The layout change alone is fused too (no e_i). Each
@@ -36,9 +36,9 @@ from collections import defaultdict
 import tvm
 from tvm import relax, s_tir, te
 
-from ..classify import BROADCAST, ELEMENTWISE, classify_call
+from ..fusion.classify import BROADCAST, ELEMENTWISE, classify_call
 from ..relax_utils import dims, static_ints
-from ..te_compose import NotComposable, OpToTE
+from ..fusion.te_compose import NotComposable, OpToTE
 from .winograd import WINOGRAD_ATTR, _mark, output_compute, schedule_tiles
 
 log = logging.getLogger("tvmfuse.fusion")

@@ -15,13 +15,13 @@ __all__ = ["tune", "TuneResult", "apply_logs", "curves", "merge", "target_key"]
 
 
 def __getattr__(name):
-    """`tune` and `TuneResult`, imported when first asked for: tune.py is a client of the pipeline
+    """`tune` and `TuneResult`, imported when first asked for: autotune.py is a client of the pipeline
     (tasks.py runs it), and pipeline.py imports apply.py from this package, so importing them here
     would import the pipeline back into itself."""
     if name in ("tune", "TuneResult"):
         import importlib
 
-        module = importlib.import_module(".tune", __name__)
+        module = importlib.import_module(".autotune", __name__)
         globals().update(tune=module.tune, TuneResult=module.TuneResult)  # the function, not the module
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

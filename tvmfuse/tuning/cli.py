@@ -61,7 +61,7 @@ def run(workloads_, size, target, variants, args) -> dict:
     """Tune what the +tuned variants need. Returns {(workload, base): TuneResult}."""
     from tqdm import tqdm
 
-    from .tune import _check_device, tune
+    from .autotune import _check_device, tune
 
     rpc = rpc_of(args)
     _check_device(target, rpc)
@@ -78,7 +78,7 @@ def run(workloads_, size, target, variants, args) -> dict:
             if budget <= 0:
                 tqdm.write(f"time budget spent: {name} [{base}] not tuned", file=sys.stderr)
                 continue
-        from ..frontends import load
+        from ..loader import load
 
         w = load(name, size)
         res = tune(w.mod, target, base, trials=args.trials or 0, time_budget=budget, logs=args.logs,

@@ -1,0 +1,267 @@
+"""CPU row-reduction chains: one parallel sweep over the rows, each row kept in cache.
+
+Contract: `RowReduction.apply(func, target)` takes a PrimFunc that `row_chain.analyze` accepts with
+at least one row loop (stitched softmax, layer norm, RMS norm, and their prologues/epilogues) and
+returns it scheduled, or None (decline). It never reorders the math across rows.
+
+Schedule:
+- the first stage's row loops are fused and run in parallel; every later stage is moved into that
+  row loop in program order (reverse_compute_at), so a row is read from memory once and every
+  intermediate of the row lives in a row-sized buffer allocated inside the loop (cache resident)
+- spatial stages: inner loops fused and vectorized (lanes from the CPU table, a divisor of the row)
+- reductions: the row is reduced in `lanes` x `row_accumulators` partial sums (rfactor: a
+  few independent vector registers), then the partials are reduced; the same reassociation every
+  vectorized BLAS/numpy reduction makes.
+"""
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from .. import row_chain
+from ..common import block_bits, extent, inline_injective, is_reduction, lanes, schedule_spatial
+from ..rule import ScheduleRule
+from ..targets import CPU
+
+
+class RowReduction(ScheduleRule):
+    name = "cpu.RowReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        if inline_injective(sch) is None:
+            return None
+        chain = row_chain.analyze(sch)
+        if chain is None or chain.rows == 0:
+            return None
+        order, partials = [], {}
+        for b in chain.blocks:  # rfactor first: it needs the reduction's loops to itself
+            for rf in _split_partials(sch, b, chain.rows) if b in chain.reductions else []:
+                partials[len(order)] = rf
+                order.append(rf)
+            order.append(b)
+        lead = sch.get_loops(order[0])[: chain.rows]
+        row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+        if not row_chain.join_row(sch, order, row):  # program order: each stage's producers are in the row
+            return None
+        sch.parallel(row)
+        for k, b in enumerate(order):
+            if k in partials:
+                if not _vectorize_partials(sch, b, row, moved=k > 0):
+                    return None
+            elif b not in chain.reductions:
+                _vectorize_inner(sch, b, row)
+        return sch.mod["main"]
+
+
+def _loops_below(sch, block_rv, row):
+    loops = sch.get_loops(block_rv)
+    row_stmt = sch.get(row)
+    k = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(row_stmt))
+    return loops[k + 1:]
+
+
+def _divisor_lanes(n, bits):
+    """The widest vector (a power of two up to the register) that divides n, or 1."""
+    v = lanes(bits)
+    while v > 1 and n % v:
+        v //= 2
+    return v
+
+
+def _vectorize_inner(sch, block_rv, row):
+    inner = [lp for lp in _loops_below(sch, block_rv, row) if extent(sch, lp) != 1]
+    if not inner:
+        return
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    n = extent(sch, fused)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    if v > 1:
+        sch.vectorize(sch.split(fused, [None, v])[1])
+
+
+def _with_accumulators(n, v, acc):
+    """The partials' width: `acc` vectors of v lanes where they divide the n elements at least
+    twice (one vector of acc x v lanes, which LLVM splits into acc registers: independent adds, so
+    their latency overlaps), else v."""
+    return v * acc if n % (v * acc) == 0 and n // (v * acc) >= 2 else v
+
+
+def _split_partials(sch, block_rv, rows):
+    """Reduce the row into `lanes` partial results (rfactor), then those into `row_partials_tree`
+    (a second rfactor, vectorized too) where they divide them, so the serial sum left at the end
+    of each row is that short. Returns the partials' blocks in program order (none when the row is
+    too short to split). Runs while the reduction still has its own loop nest."""
+    red = sch.get_loops(block_rv)[rows:]
+    fused = sch.fuse(*red) if len(red) > 1 else red[0]
+    n = extent(sch, fused)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    if v == 1 or n == v:
+        return []
+    v = _with_accumulators(n, v, CPU["row_accumulators"])
+    _, ki = sch.split(fused, [None, v])
+    axis = len(sch.get(block_rv).writes[0].region)
+    rf = sch.rfactor(ki, factor_axis=axis)
+    tree = CPU["row_partials_tree"]
+    if not 1 < tree < v or v % tree:
+        return [rf]
+    _, k1 = sch.split(sch.get_loops(block_rv)[-1], [None, tree])
+    return [rf, sch.rfactor(k1, factor_axis=axis)]
+
+
+def _vectorize_partials(sch, rf, row, moved) -> bool:
+    """The partials' loops below the row are (ko, ki) where the block kept its loops and, after
+    reverse_compute_at (loops rebuilt in iter-var order, the rfactor var first), (ki, ..., ko).
+    Put ki innermost, hoist the init out of ko, vectorize both. False (the rule declines) for any
+    other loop nest."""
+    inner = [lp for lp in _loops_below(sch, rf, row) if extent(sch, lp) != 1]
+    ki, ko = (inner[0], inner[-1]) if moved else (inner[-1], inner[0])
+    lanes_rf = int(sch.get(rf).iter_vars[0].dom.extent)
+    if len(inner) != 2 or extent(sch, ki) != lanes_rf:
+        return False
+    sch.reorder(ko, ki)
+    sch.vectorize(ki)
+    return True
+
+
+class FullReduction(ScheduleRule):
+    """Reductions to a scalar (multi_reduce, a loss): the input is cut into `reduction_chunks`
+    chunks reduced in parallel, each into `lanes` vector partials; the partials are then reduced.
+    The chunk loops of sibling reductions are merged, so each chunk is read from memory once and
+    re-read from cache by the other reductions."""
+
+    name = "cpu.FullReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        if inline_injective(sch) is None:
+            return None
+        chain = row_chain.analyze(sch)
+        if chain is None or chain.rows != 0:
+            return None
+        for b in chain.blocks:  # TVM's rfactor trips over sibling blocks that have no loop
+            if not sch.get_loops(b):
+                sch.add_unit_loop(b)
+        # siblings (sum and max of one input) share one pass; a reduction that reads another's
+        # result (a variance after its mean) needs that result whole first: its own pass after it
+        # (found by fuzzing: merged, the variance read the mean before any chunk had been added)
+        siblings = not any(_reaches(sch, later, earlier) for i, earlier in enumerate(chain.reductions)
+                           for later in chain.reductions[i + 1:])
+        chunks, blocks = [], []
+        for b in chain.reductions:
+            p = _parallel_partials(sch, b)
+            if p is None:
+                return None
+            chunks.append(p[0])
+            blocks.append(p[1])
+        if not siblings:  # one parallel pass per reduction, in program order
+            for c in chunks:
+                sch.parallel(c)
+            return sch.mod["main"]
+        # merge puts the merged loop where its last argument stood: pass the first chunk loop last,
+        # so every partial is computed before any block that reads it (checked, not assumed)
+        merged = sch.merge(*reversed(chunks)) if len(chunks) > 1 else chunks[0]
+        first = sch.get_child_blocks(sch.get_sblock("root"))[0]
+        if not sch.get(sch.get_loops(first)[0]).same_as(sch.get(merged)):
+            return None  # the merged chunk loop is not the first stage
+        if len(blocks) > 1 and len({extent(sch, b) for b in blocks}) == 1:
+            sch.merge(*reversed(blocks))  # within a chunk, block by block: the siblings re-read it from L1
+        sch.parallel(merged)
+        return sch.mod["main"]
+
+
+def _reaches(sch, block_rv, target_rv) -> bool:
+    """target is a (transitive) producer of block."""
+    seen, todo = [], [block_rv]
+    while todo:
+        for p in sch.get_producers(todo.pop()):
+            if sch.get(p).same_as(sch.get(target_rv)):
+                return True
+            if not any(sch.get(p).same_as(sch.get(q)) for q in seen):
+                seen.append(p)
+                todo.append(p)
+    return False
+
+
+def _parallel_partials(sch, block_rv):
+    """rfactor twice: chunks (parallel) x blocks x vectors x lanes (vector), a block being
+    `reduction_block` elements where they divide a chunk (else the whole chunk). Returns the chunk
+    loop and the block loop, or None."""
+    red = [lp for lp in sch.get_loops(block_rv) if extent(sch, lp) != 1]
+    fused = sch.fuse(*red) if len(red) > 1 else red[0]
+    n = extent(sch, fused)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    chunks = CPU["reduction_chunks"]
+    if not n or n % (chunks * v) or n // (chunks * v) < 2:
+        return None
+    v = _with_accumulators(n // chunks, v, CPU["reduction_accumulators"])
+    per_block = max(1, CPU["reduction_block"] // v)
+    if (n // (chunks * v)) % per_block:
+        per_block = n // (chunks * v)
+    p, _, _, ki = sch.split(fused, [chunks, None, per_block, v])
+    per_chunk = sch.rfactor(p, factor_axis=0)
+    ki = sch.get_loops(per_chunk)[-1]
+    vec = sch.rfactor(ki, factor_axis=1)
+    sch.vectorize(sch.get_loops(vec)[-1])
+    loops = sch.get_loops(vec)  # [unit loops of the 0-d output..., chunk, block, vector, lanes]
+    k = next(i for i, lp in enumerate(loops) if extent(sch, lp) == chunks)
+    chunk = sch.fuse(*loops[: k + 1]) if k else loops[0]  # the chunk loop outermost (it is parallel)
+    return chunk, sch.get_loops(vec)[1]
+
+
+
+class ColumnReduction(ScheduleRule):
+    """A reduction over the outer axis of its operand (x^T @ g: out[i] = sum_k x[k, i] * g[k]),
+    after inlining the transpose that produced the operand: rows are read whole and contiguous.
+    k is cut into `reduction_chunks` parallel chunks (rfactor); each chunk sweeps its rows of x with
+    i innermost, vectorized, accumulating a partial row; the partial rows are then summed and the
+    epilogue applied. Declines when the innermost index of the operand moves with k (a row
+    reduction) or the output columns do not fill a vector."""
+
+    name = "cpu.ColumnReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = inline_injective(sch, keep=lambda sch, info: False)  # the transpose goes away
+        reds = [i for i in infos or [] if i.block_rv is not None and is_reduction(sch, i.block_rv)]
+        if len(reds) != 1 or reds[0].dom_kind().count("R") != 1 or not reds[0].dom_kind().endswith("R"):
+            return None
+        red = reds[0].block_rv
+        if not _reduces_outer_axis(sch, red):
+            return None
+        *spatial, k = sch.get_loops(red)
+        spatial = [lp for lp in spatial if extent(sch, lp) != 1]
+        if not spatial:
+            return None
+        i = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
+        n_i, n_k = extent(sch, i), extent(sch, k)
+        v, chunks = lanes(block_bits(sch, red)), CPU["reduction_chunks"]
+        if not n_i or not n_k or n_i % v or n_k % chunks:
+            return None
+        kp, kr = sch.split(k, [chunks, None])
+        rf = sch.rfactor(kp, factor_axis=0)
+        i_rf, kp_rf, kr_rf = sch.get_loops(rf)[-3:]
+        sch.reorder(kp_rf, kr_rf, i_rf)
+        sch.parallel(kp_rf)
+        sch.vectorize(sch.split(i_rf, [None, v])[1])
+        for info in normalize_prim_func(sch) or []:
+            if info.is_injective():
+                schedule_spatial(sch, info)
+        return sch.mod["main"]
+
+
+def _reduces_outer_axis(sch, block_rv) -> bool:
+    """True when an operand's last index moves with a spatial variable while an earlier one moves
+    with the reduction variable, and no operand has the reduction variable last (that would be a
+    matmul's x[i, k]: a row reduction for that operand)."""
+    block = sch.get(block_rv)
+    k = block.iter_vars[-1].var.name
+    spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
+    found = False
+    for r in block.reads:
+        idx = [row_chain.vars_in(rg.min) for rg in r.region]
+        if idx and k in idx[-1]:
+            return False
+        if len(idx) >= 2 and idx[-1] & spatial and any(k in s for s in idx[:-1]):
+            found = True
+    return found

@@ -1,0 +1,88 @@
+"""Default CPU (llvm) schedules: inline injective stages, parallel outer loops, vectorize.
+
+Rules, in order, each able to decline:
+  Attention     - a fused attention group (tvmfuse.attention): one flash-attention kernel (cpu/attention.py)
+  Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
+  Matmul        - matmul / batch matmul + epilogue: blocked, register micro-kernel (cpu/matmul.py)
+  Conv2D        - direct NCHW conv2d + epilogue: channel x row x vector tile (cpu/conv.py)
+  ColumnReduction - x^T @ g: parallel chunks of rows, vector partial rows (cpu/reduction.py)
+  RowReduction  - a row-reduction chain: parallel rows, every stage at the row (cpu/reduction.py)
+  FullReduction - reductions to a scalar: parallel chunks x vector partials, sibling chunks merged
+  Pool          - a small-window reduction of one operand (max/avg pooling): rows parallel, the
+                  window unrolled into a vector register of outputs (cpu/pool.py)
+  Fallback   - any other func: inline injective stages, parallelise each root block's leading spatial
+               loops and vectorize a spatial innermost loop when it is contiguous and divisible
+  AsWritten  - what even Fallback declines: a kernel TOPI wrote with its own loops (an opaque block:
+               cumsum, sort, scatter) that already runs a loop in parallel, kept as written (a scan
+               is serial along its axis); one with only serial loops is left unscheduled, with a warning
+The same rules are applied to every fusion variant, so comparisons between variants are fair.
+"""
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir
+
+from .attention import Attention
+from .conv import Conv2D
+from .matmul import Matmul
+from .pool import Pool
+from .reduction import ColumnReduction, FullReduction, RowReduction
+from ..common import inline_injective, schedule_reduction, schedule_spatial
+from ..rule import ScheduleRule
+
+
+class Injective(ScheduleRule):
+    name = "cpu.Injective"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = inline_injective(sch)
+        if not infos or not all(i.is_injective() for i in infos):
+            return None
+        for info in infos:
+            schedule_spatial(sch, info)
+        return sch.mod["main"]
+
+
+class AsWritten(ScheduleRule):
+    """Declines unless the function already has a parallel loop: TOPI's hand-written kernels
+    (`ir_builder`: cumsum's scan is parallel over the other axes, serial along its own) carry their
+    own schedule in an opaque block the block rules cannot read. A function with only serial loops
+    is declined, so a naive loop still reaches Fallback, or the "left unscheduled" warning."""
+    name = "cpu.AsWritten"
+
+    def apply(self, func, target):
+        return func if _has_parallel_loop(func.body) else None
+
+
+def _has_parallel_loop(stmt) -> bool:
+    """Whether a For of kind parallel is anywhere in `stmt` (blocks, sequences, branches, lets)."""
+    if isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL:
+        return True
+    if isinstance(stmt, tvm.tirx.SeqStmt):
+        return any(_has_parallel_loop(s) for s in stmt.seq)
+    for field in ("block", "body", "then_case", "else_case", "init"):
+        child = getattr(stmt, field, None)
+        if isinstance(child, tvm.tirx.Stmt) and _has_parallel_loop(child):
+            return True
+    return False
+
+
+class Fallback(ScheduleRule):
+    name = "cpu.Fallback"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        infos = inline_injective(sch)
+        if infos is None:
+            return None
+        for info in infos:
+            if info.is_injective():
+                schedule_spatial(sch, info)
+            else:
+                schedule_reduction(sch, info)
+        return sch.mod["main"]
+
+
+RULES = [Attention(), Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(),
+         Pool(), Fallback(), AsWritten()]

@@ -1,0 +1,1 @@
+"""Default CUDA schedule rules; `rules.rules()` is their order."""

@@ -1,0 +1,242 @@
+"""Default CUDA schedules: tvmfuse's row-reduction rule, then TVM's dlight GPU rules, Fallback last.
+
+Rules, each able to decline: cuda.Attention (cuda/attention.py) for fused attention groups, then,
+in the order of the CUDA table:
+  dlight Matmul, GEMV  - tiled through shared memory / vectorized GEMV
+  RowReduction         - a row chain (see row_chain.py) becomes ONE kernel: a thread block per row,
+                         its reductions cross-thread (warp shuffles + shared memory), every stage
+                         of the row computed at the row loop, results of reductions in shared memory
+  dlight Reduction, GeneralReduction, Fallback
+A rule declines by returning None or raising a ScheduleError (rule.py), and the next rule gets
+the function. A function no rule schedules is reported, because an unscheduled PrimFunc in a CUDA
+build silently runs on the host. Before dlight's Matmul, a group's injective stages are inlined
+(its padding, which dlight would otherwise leave unscheduled).
+
+After the rules, every kernel function (tuned ones too) passes two fixes found on an H200:
+  scalar_bool_loads - no vector loads of bool (TVM prints bool x2 as ushort2: wrong masks)
+  bind_stray_loops  - a block left outside any thread binding gets its own threads (it would run
+                      in the host code on device pointers); stray_blocks() lists them for tests
+"""
+from __future__ import annotations
+
+from tvm import s_tir
+from tvm.s_tir import dlight as dl
+
+from .. import row_chain
+from ..common import inline_injective
+from ..rule import ScheduleRule
+from ..targets import CUDA
+
+
+class DlightRule(ScheduleRule):
+    def __init__(self, rule, inline_first=False):
+        self.rule, self.name = rule, f"dlight.gpu.{type(rule).__name__}"
+        self.inline_first = inline_first
+
+    def apply(self, func, target):
+        if self.inline_first:  # a tvmfuse group's padding stays a stage that dlight's Matmul leaves
+            func = _inlined(func)  # unscheduled (on the host): inline every injective stage first
+        with target:
+            sch = self.rule.apply(func, target, False)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        return None if sch is None else sch.mod["main"]
+
+
+def _inlined(func):
+    """`func` with its injective stages inlined where they can be. A tvmfuse group composed from
+    several TE computes mixes int64 and int32 indices (a conv's padding over an int64 shape, its
+    loops in int32), which compute_inline refuses ("mismatched types"); the indices are narrowed to
+    int32 first where ForceNarrowIndexToInt32 can (_narrowable: it fails on a constant past int32
+    or an int64 buffer; such a function keeps its int64 indices), as CUDA kernels index anyway."""
+    import tvm
+
+    if _narrowable(func):
+        func = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
+    sch = s_tir.Schedule(func)
+    return sch.mod["main"] if inline_injective(sch, keep=lambda sch, info: False) is not None else func
+
+
+def _narrowable(func) -> bool:
+    """Whether ForceNarrowIndexToInt32 accepts `func`: no integer constant past int32 and no
+    integer buffer wider than 32 bits, a parameter (gather's int64 indices) or a stage."""
+    import tvm
+    import tvm_ffi
+
+    found = []
+
+    def constant(imm):
+        if int(imm.value) > 2**31 - 1:
+            found.append(imm)
+
+    def buffer(var):
+        if isinstance(var.ty, tvm.tirx.BufferType):
+            t = tvm.DataType(str(var.dtype))
+            if t.type_code == tvm.DataTypeCode.INT and t.bits > 32:
+                found.append(var)
+
+    tvm_ffi.structural_walk(func, [(tvm.tirx.IntImm, constant), (tvm.tirx.Var, buffer)])
+    return not found
+
+
+def _threads(inner: int, rows: int) -> int:
+    cap = CUDA["row_threads"] if rows else CUDA["full_reduction_threads"]
+    t = CUDA["warp"]
+    while t < inner and t < cap:
+        t *= 2
+    return t
+
+
+def _inner_extent(sch, block_rv, rows):
+    n = 1
+    for iv in list(sch.get(block_rv).iter_vars)[rows:]:
+        n *= int(iv.dom.extent)
+    return n
+
+
+class RowReduction(ScheduleRule):
+    name = "cuda.RowReduction"
+
+    def apply(self, func, target):
+        sch = s_tir.Schedule(func)
+        inline_injective(sch, keep=lambda sch, info: False)  # on a GPU recomputing beats a round trip
+        chain = row_chain.analyze(sch)
+        if chain is None or not row_chain.same_thread_mapping(sch, chain):
+            return None
+        if _stage_outputs(sch, chain):  # their write-back copies joined the chain: read it again
+            chain = row_chain.analyze(sch)
+            if chain is None:
+                return None
+        rows = chain.rows
+        threads = _threads(max(_inner_extent(sch, b, rows) for b in chain.blocks), rows)
+        first = chain.blocks[0]
+        if rows:  # the first stage's row loop is the thread block; every later stage joins it
+            lead = sch.get_loops(first)[:rows]
+            row = sch.fuse(*lead) if rows > 1 else lead[0]
+        else:  # full reductions: one thread block does them all
+            loops = sch.get_loops(first)
+            row = sch.add_unit_loop(loops[0] if loops else first)  # above the stage's loops
+        sch.bind(row, "blockIdx.x")
+        if not row_chain.join_row(sch, chain.blocks, row):
+            return None
+        for b in chain.blocks:
+            _bind_inner(sch, b, row, threads)
+            if b in chain.reductions and not row_chain.is_output(sch, b):
+                sch.set_scope(b, 0, "shared")  # a cross-thread result every thread reads
+        return sch.mod["main"]
+
+
+def _stage_outputs(sch, chain) -> bool:
+    """An output the kernel also reads (the residual sum of rmsnorm_residual, the max of
+    multi_reduce) is staged on chip: the stage writes a copy its consumers read (registers for a
+    spatial stage, read back on the same thread; shared memory for a cross-thread reduction) and a
+    write-back stage stores the output. Returns whether any stage was staged."""
+    staged = False
+    for b in chain.blocks[:-1]:
+        if row_chain.is_output(sch, b) and sch.get_consumers(b):
+            scope = "shared" if b in chain.reductions else "local"
+            sch.cache_write(b, 0, scope, consumer_blocks=sch.get_consumers(b))
+            staged = True
+    return staged
+
+
+def _bind_inner(sch, block_rv, row, threads):
+    """Fuse the block's loops below the row loop and spread them over threadIdx.x; for a reduction
+    only its reduction loops (the spatial ones left are unit)."""
+    loops = sch.get_loops(block_rv)
+    row_loop = sch.get(row)
+    k = next(i for i, lp in enumerate(loops) if sch.get(lp).same_as(row_loop))
+    inner = loops[k + 1:]
+    kinds = [int(iv.iter_type) for iv in sch.get(block_rv).iter_vars]
+    if 2 in kinds:
+        inner = inner[len(inner) - kinds.count(2):]
+    if not inner:
+        return
+    fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+    _, tx = sch.split(fused, [None, threads])
+    sch.bind(tx, "threadIdx.x")
+
+
+def scalar_bool_loads(func):
+    """`func` with every vectorized loop around a block that reads a bool buffer unrolled instead.
+
+    Why: TVM 0.27's CUDA codegen prints a 2-lane bool load as `*(ushort2*)(p + i)`, 4 bytes for 2
+    one-byte bools, so each lane mixes two mask bytes and the last one reads past the buffer. Seen
+    on an H200 (2026-12-04): the causal mask `where(tril, scores, -1e9)` under dlight's matmul
+    epilogue gave max relative errors of 1.2-1.3 at 128 and 512 tokens and an illegal address at
+    2048 (a 4 MiB mask read 2 bytes past its end), for stock tvm and tvmfuse alike. Unrolled, the
+    loads are scalar `bool`s; the float stores beside them lose their 2-wide vector form only."""
+    import tvm_ffi
+    import tvm
+
+    names = []
+
+    def visit(block):
+        if any(str(r.source.dtype) == "bool" for r in block.reads):
+            names.append(block.name_hint)
+
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, visit), order="post")
+    if not names:
+        return func
+    sch = s_tir.Schedule(func)
+    changed = False
+    for name in dict.fromkeys(names):
+        for loop in sch.get_loops(sch.get_sblock(name)):
+            if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED:
+                sch.unroll(loop)
+                changed = True
+    return sch.mod["main"] if changed else func
+
+
+def stray_blocks(func) -> list:
+    """Names of the blocks of a CUDA PrimFunc that no thread binding encloses. Such a block runs in
+    the host part of the function, on device pointers: a segfault on a real GPU (the padding of a
+    conv group that dlight's Matmul scheduled around, seen on an H200, 2026-12-04)."""
+    sch = s_tir.Schedule(func)
+    return [sch.get(rv).name_hint for rv in _stray(sch)]
+
+
+def _stray(sch) -> list:
+    """The block RVs under the root with no thread-bound loop around them (blocks nested deeper sit
+    inside one of these, or inside a bound loop)."""
+    import tvm
+
+    out = []
+    try:
+        root = sch.get_sblock("root")
+    except s_tir.ScheduleError:  # a kernel written with its own thread launches (cuda_attention)
+        return out
+    for rv in sch.get_child_blocks(root):
+        if not any(sch.get(lp).kind == tvm.tirx.ForKind.THREAD_BINDING for lp in sch.get_loops(rv)):
+            out.append(rv)
+    return out
+
+
+def bind_stray_loops(func):
+    """`func` with each stray spatial block (stray_blocks) given its own kernel: its loops fused,
+    split by `stray_threads` and bound to blockIdx.x / threadIdx.x. A stray reduction is left (and
+    stays in the list the tests check)."""
+    sch = s_tir.Schedule(func)
+    stray = _stray(sch)
+    if not stray:
+        return func
+    for rv in stray:
+        loops = sch.get_loops(rv)
+        if not loops or any(int(iv.iter_type) != 0 for iv in sch.get(rv).iter_vars):
+            continue
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        bx, tx = sch.split(fused, [None, CUDA["stray_threads"]])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+    return sch.mod["main"]
+
+
+def rules():
+    from .attention import Attention
+
+    names = CUDA["rules"]
+    out = [Attention()]  # a fused attention group (tvmfuse.attention) first: it writes its own kernel
+    for name in names:
+        out.append(RowReduction() if name == "RowReduction" else
+                   DlightRule(getattr(dl.gpu, name)(), inline_first=name == "Matmul"))
+    return out

@@ -1,0 +1,147 @@
+"""Fusion legality: may these two groups share one kernel without changing the math?
+
+Each rule is (name, check) with check(graph, members, knobs) -> None (ok) or a reason. Rules look
+at the merged member set only; profitability is decided elsewhere (profitability.py). Reduction
+order and accumulation dtype are kept by construction: every op keeps its own TE compute.
+"""
+from __future__ import annotations
+
+from tvm import relax
+
+from .classify import BROADCAST, COMPUTE, ELEMENTWISE, OPAQUE, REDUCTION
+
+
+def _opaque(g, members, knobs):
+    for i in members:
+        n = g.by_idx[i]
+        if n.cls == OPAQUE:
+            return f"{n.name} ({n.op}) is opaque: {n.reason}"
+        if n.escapes:
+            return f"{n.name} ({n.op}) is used as a whole tuple outside its group"
+        if n.dims is None and n.cls != OPAQUE and not n.aliases:
+            return f"{n.name} ({n.op}) has no known shape"
+    return None
+
+
+def _size(g, members, knobs):
+    if len(members) > knobs["max_group_size"]:
+        return f"group would hold {len(members)} ops > max_group_size={knobs['max_group_size']}"
+    return None
+
+
+def _anchors(g, members, knobs):
+    anchors = [g.by_idx[i] for i in members if g.by_idx[i].cls == COMPUTE]
+    if len(anchors) > 1:
+        return f"two compute-heavy ops ({anchors[0].name}, {anchors[1].name}) in one kernel"
+    if anchors and any(g.by_idx[i].cls == REDUCTION for i in members):
+        red = next(g.by_idx[i] for i in members if g.by_idx[i].cls == REDUCTION)
+        return (f"reduction {red.name} ({red.op}) with compute-heavy {anchors[0].name}: it needs the whole "
+                "output of the anchor (a grid-wide barrier on GPU)")
+    return None
+
+
+def _anchor_paths(g, members, anchor):
+    """{var: path} for every value of the group computed from the anchor's output, where a path
+    names the index-remapping ops (slices, split fields, transposes, concats ...) it went through;
+    elementwise and broadcast ops keep their operand's path. Two paths meeting in one op mean that
+    op reads the anchor's output at more than one position per element."""
+    paths = {g.by_idx[anchor].var: ()}
+    for i in sorted(members):  # block order is a topological order
+        n = g.by_idx[i]
+        if i == anchor:
+            continue
+        seen = {paths[v] for v in _arg_vars(n.call) if v in paths}
+        if not seen:
+            continue
+        if len(seen) > 1:
+            return n, sorted(seen)
+        (path,) = seen
+        out = path if n.cls in (ELEMENTWISE, BROADCAST) else path + (i,)
+        paths[n.var] = out
+        for alias in n.aliases:  # a split's fields are different slices of its input
+            paths[alias.var] = out + (int(alias.value.index),)
+    return None
+
+
+def _arg_vars(call):
+    out = []
+    for a in call.args:
+        out += list(a.fields) if isinstance(a, relax.Tuple) else [a]
+    return [a for a in out if isinstance(a, relax.Var)]
+
+
+def _gathering_epilogue(g, members, knobs):
+    anchors = [i for i in members if g.by_idx[i].cls == COMPUTE]
+    if len(anchors) != 1:
+        return None
+    met = _anchor_paths(g, members, anchors[0])
+    if met is None:
+        return None
+    n, _paths = met
+    return (f"{n.name} ({n.op}) combines values read from {g.by_idx[anchors[0]].name}'s output at different "
+            "positions (another slice, split field or layout of it): its element needs outputs of other "
+            "tiles of the anchor, so the anchor's output would have to be whole first (a grid-wide "
+            "barrier on GPU; on CPU no tile of the anchor could carry it)")
+
+
+def _compatible(shape, row):
+    """Equal leading dims: ints by value, symbolic dims when provably equal (relax_utils.SymDim)."""
+    return shape is not None and tuple(shape[: len(row)]) == tuple(row)
+
+
+def _reduction_space(g, members, knobs):
+    reds = [g.by_idx[i] for i in members if g.by_idx[i].cls == REDUCTION]
+    if not reds:
+        return None
+    spaces = {r.name: r.row_space() for r in reds}
+    if any(s is None for s in spaces.values()):
+        return "a reduction without a known iteration space"
+    first = reds[0]
+    row, trailing = spaces[first.name]
+    for r in reds[1:]:
+        if spaces[r.name] != (row, trailing):
+            return (f"reductions {first.name} and {r.name} iterate over different spaces "
+                    f"({list(row)} vs {list(spaces[r.name][0])}): not stitchable into one row loop")
+    if len(reds) > 1 and not knobs["stitch_reductions"]:
+        return "reduction stitching disabled (stitch_reductions=False)"
+    for i in members:
+        n = g.by_idx[i]
+        if n.cls == REDUCTION:
+            continue
+        ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ()))
+        if not ok:
+            return (f"{n.name} ({n.op}, shape {list(n.dims or [])}) does not iterate over the rows "
+                    f"{list(row)} of reduction {first.name}")
+    return None
+
+
+def _multi_output(g, members, knobs):
+    if knobs["multi_output"]:
+        return None
+    outs = [i for i in members if g.external_uses[i] or (g.users[i] - members)]
+    if len(outs) > 1:
+        return "group would have several outputs (multi_output=False)"
+    return None
+
+
+RULES = [("opaque", _opaque), ("max_group_size", _size), ("anchor", _anchors),
+         ("gathering_epilogue", _gathering_epilogue),
+         ("reduction_space", _reduction_space), ("multi_output", _multi_output)]
+
+
+# The flash-attention rule: an attention match (match_attention.py) as a whole is legal although it
+# holds two anchors and a reduction between them: its kernel keeps a running max and sum per query
+# row (online softmax), so no score ever needs the whole output of the first matmul. It still
+# takes no opaque op and respects the size limit. Any other reduction next to an anchor is refused.
+ATTENTION_RULES = [("opaque", _opaque), ("max_group_size", _size)]
+
+
+def check(g, members, knobs):
+    """(rule, reason) of the first rule that refuses, or None when the merge is legal."""
+    rules = ATTENTION_RULES if frozenset(members) in g.attention else RULES
+    for name, rule in rules:
+        reason = rule(g, members, knobs)
+        if reason:
+            return name, reason
+    return None
+

@@ -1,0 +1,178 @@
+"""Plan fusion groups over one dataflow block: score-ordered greedy merging (Inductor's way).
+
+Each attention (match_attention.py) starts as one sealed group that merges with nothing else.
+Candidates are producer->consumer edges between groups and sibling pairs (groups reading the same
+external input). The best-scored candidate that is legal (legality.py) and creates no cycle is
+merged; repeat until none is left. Refusals of the final plan are logged on `tvmfuse.fusion`.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from tvm import relax
+
+from .. import config
+from .plan import Refusal
+from . import legality, match_attention, profitability
+from .graph import BlockGraph
+
+log = logging.getLogger("tvmfuse.fusion")
+
+DEFAULT_KNOBS = config.Knobs().as_dict()  # the knobs' defaults (tvmfuse/config.py owns them)
+
+
+@dataclass
+class BlockPlan:
+    """The plan of one dataflow block, in terms of its BlockGraph's node indices."""
+    graph: BlockGraph
+    groups: list  # sorted lists of node idx, ordered by first member
+    refused: list = field(default_factory=list)  # [Refusal]
+    merges: dict = field(default_factory=dict)  # first member of a group -> ["edge"/"sibling", ...]
+    attention: dict = field(default_factory=dict)  # first member -> match_attention.AttentionMatch
+
+
+def _creates_cycle(g, group_of, ga, gb, members):
+    """Merging is cyclic iff a path between them runs through a third group, or through a binding
+    that is not an op (g.through: a match_cast between them must run after the one and before the
+    other, so they cannot be one kernel).
+
+    Node indices are block order, a topological order: every node on a path to d comes before d's
+    last member, so the search never leaves that prefix (without the bound a 30-layer model's plan
+    spent 24 s here walking to the end of the block)."""
+    for s, d in ((ga, gb), (gb, ga)):
+        last = max(members[d])
+        stack = [c for p in members[s] for c in g.users[p] if c <= last and group_of[c] not in (s, d)]
+        stack += [c for p in members[s] for c in g.through[p] if c <= last and group_of[c] != s]
+        seen = set()
+        while stack:
+            n = stack.pop()
+            gid = group_of[n]
+            if gid == d:
+                return True
+            if gid in seen:
+                continue
+            seen.add(gid)
+            stack.extend(c for p in members[gid] for c in g.users[p] | g.through[p]
+                         if c <= last and group_of[c] != gid)
+    return False
+
+
+def _external_args(g) -> dict:
+    """node -> the block's inputs (vars no op of the block binds) it reads, computed once."""
+    return {n.idx: [a for a in n.call.args if isinstance(a, relax.Var) and a not in g.node_of_var]
+            for n in g.nodes}
+
+
+def _candidates(g, group_of, knobs, external_args):
+    seen = set()
+    for n in g.nodes:
+        for c in g.users[n.idx]:
+            key = tuple(sorted((group_of[n.idx], group_of[c])))
+            if key[0] != key[1] and key not in seen:
+                seen.add(key)
+                yield key, ()
+    if not knobs["sibling"]:
+        return
+    readers = {}
+    for n in g.nodes:
+        for a in external_args[n.idx]:
+            readers.setdefault(a, set()).add(group_of[n.idx])
+    for var, gids in readers.items():
+        gids = sorted(gids)
+        for i, x in enumerate(gids):
+            for y in gids[i + 1:]:
+                if (x, y) not in seen:
+                    seen.add((x, y))
+                    yield (x, y), (var,)
+
+
+def _as_dict(knobs) -> dict:
+    """Knobs (config.Knobs), a dict of some knobs, or None -> every knob's value."""
+    if isinstance(knobs, config.Knobs):
+        return knobs.as_dict()
+    return config.knobs(**(knobs or {})).as_dict()
+
+
+def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
+    knobs = _as_dict(knobs)
+    g = BlockGraph(block, outputs)
+    group_of = {n.idx: n.idx for n in g.nodes}
+    members = {n.idx: {n.idx} for n in g.nodes}
+    how = {n.idx: [] for n in g.nodes}  # group -> merge kinds, in order
+    sealed = _seed_attention(g, group_of, members, how, knobs)
+    external_args = _external_args(g)
+    # score and legality are functions of the two groups' members only: cached per pair, and
+    # dropped for the two groups a merge changes (the cycle check depends on every group: not cached)
+    scores, legal = {}, {}
+    while True:
+        scored = []
+        for (x, y), shared in _candidates(g, group_of, knobs, external_args):
+            if x in sealed or y in sealed:
+                continue
+            key = (x, y, shared)
+            if key not in scores:
+                scores[key] = profitability.score(g, members[x], members[y], knobs, shared)[0]
+            if scores[key] is not None:
+                scored.append((scores[key], x, y, "sibling" if shared else "edge"))
+        merged = False
+        for s, x, y, kind in sorted(scored, key=lambda t: (-t[0], t[1], t[2])):
+            if (x, y) not in legal:
+                legal[(x, y)] = not legality.check(g, members[x] | members[y], knobs)
+            if not legal[(x, y)] or _creates_cycle(g, group_of, x, y, members):
+                continue
+            members[x] |= members.pop(y)
+            how[x] += [kind] + how.pop(y)
+            for i in members[x]:
+                group_of[i] = x
+            scores = {k: v for k, v in scores.items() if not {x, y} & {k[0], k[1]}}
+            legal = {k: v for k, v in legal.items() if not {x, y} & set(k)}
+            merged = True
+            break
+        if not merged:
+            break
+    p = BlockPlan(g, [sorted(m) for m in sorted(members.values(), key=min)],
+                  merges={min(members[x]): how[x] for x in members},
+                  attention={min(members[x]): m for x, m in sealed.items()})
+    _record_refusals(p, group_of, members, knobs, block_index, sealed)
+    return p
+
+
+def _seed_attention(g, group_of, members, how, knobs) -> dict:
+    """Each attention (match_attention.find) starts as one group, sealed: legal as a whole under
+    legality's flash-attention rule, and merged with nothing else. -> {group id: match}."""
+    if not knobs.get("attention", True):
+        return {}
+    matches, _misses = match_attention.find(g)
+    g.attention = [frozenset(m.members) for m in matches]
+    sealed = {}
+    for m in matches:
+        if legality.check(g, m.members, knobs):  # e.g. more ops than max_group_size
+            continue
+        x = min(m.members)
+        for i in m.members - {x}:
+            members[x] |= members.pop(i)
+            how.pop(i)
+        for i in m.members:
+            group_of[i] = x
+        how[x] = ["attention"]
+        sealed[x] = m
+    return sealed
+
+
+def _record_refusals(p, group_of, members, knobs, block_index, sealed=()):
+    g = p.graph
+    for (x, y), shared in _candidates(g, group_of, knobs, _external_args(g)):
+        res = ("attention", "a flash-attention group takes no other ops") if x in sealed or y in sealed \
+            else legality.check(g, members[x] | members[y], knobs)
+        if res is None and _creates_cycle(g, group_of, x, y, members):
+            res = ("cycle", "merging would create a cycle through another group")
+        if res is None:
+            _, why = profitability.score(g, members[x], members[y], knobs, shared)
+            res = ("profitability", why) if why else None
+        if res is None:
+            continue
+        names = lambda gid: [g.by_idx[i].name for i in sorted(members[gid])]
+        kind = "sibling" if shared else "edge"
+        p.refused.append(Refusal(block_index, tuple(names(x)), tuple(names(y)), kind, res[0], res[1]))
+        log.info("refused %s %s + %s: [%s] %s", kind, names(x), names(y), res[0], res[1])

@@ -1,0 +1,69 @@
+"""Fusion profitability: a sortable score for merging two legal groups.
+
+score = bytes of global traffic saved - bytes of recompute added. An edge inside the merged group
+saves the consumer's read of the tensor, and its write when nothing outside uses it; siblings save
+the second read of their shared input. An elementwise producer that ends up upstream of a
+compute-heavy op of the merged group (directly, or through layout ops such as reshape/permute
+that only remap its indices) is recomputed once per reduction step: refused unless allow_recompute.
+A transpose that would end up upstream of a compute-heavy op is refused when the knob
+layout_prologue is off (CUDA's default, config.TARGET_DEFAULTS: dlight's matmul reads it
+uncoalesced). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
+"""
+from __future__ import annotations
+
+from .classify import BROADCAST, COMPUTE, ELEMENTWISE
+from ..relax_utils import planning_bytes
+
+
+TRANSPOSES = ("permute_dims", "transpose")  # layout ops that move data (a reshape only renames it)
+
+
+def _feeds_anchor(g, merged):
+    """Members of `merged` with a path, inside it, to one of its compute-heavy ops."""
+    up = {i for i in merged if g.by_idx[i].cls == COMPUTE}
+    anchors = set(up)
+    grew = True
+    while grew:
+        grew = False
+        for m in merged - up:
+            if g.users[m] & up:
+                up.add(m)
+                grew = True
+    return up - anchors
+
+
+def score(g, a: set, b: set, knobs, shared_inputs=()):
+    merged = a | b
+    saved = 0
+    upstream = _feeds_anchor(g, merged)
+    recomputed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
+                  if g.by_idx[i].cls in (ELEMENTWISE, BROADCAST)]
+    if recomputed and not knobs["allow_recompute"]:
+        anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
+        n = recomputed[0]
+        return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy {anchor} "
+                      "(allow_recompute=False)")
+    if not knobs["layout_prologue"]:
+        transposed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
+                      if g.by_idx[i].op in TRANSPOSES]
+        if transposed:
+            anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
+            n = transposed[0]
+            return None, (f"{n.name} ({n.op}) would be read transposed inside compute-heavy {anchor} "
+                          "(layout_prologue=False: this target's matmul is faster on its own layout)")
+    for src, dst in ((a, b), (b, a)):
+        for p in src:
+            crossing = g.users[p] & dst
+            if not crossing:
+                continue
+            nbytes = g.out_bytes(p)
+            saved += nbytes  # one read fewer
+            if not g.external_uses[p] and not (g.users[p] - merged):
+                saved += nbytes  # and no write at all
+            n = g.by_idx[p]
+            if n.cls in (ELEMENTWISE, BROADCAST) and p in upstream:
+                saved -= nbytes  # the producer's read is traded for recomputation, not saved
+    saved += sum(planning_bytes(v.ty) for v in shared_inputs)
+    if saved <= 0:
+        return None, f"not profitable: saves {saved} bytes"
+    return saved, None

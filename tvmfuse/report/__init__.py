@@ -1,0 +1,1 @@
+"""Reports: the offline HTML report and graphs of the fusion groups."""
