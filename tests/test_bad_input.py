@@ -393,7 +393,7 @@ _orig_connect, _orig_gai = socket.socket.connect, socket.getaddrinfo
 socket.socket.connect = lambda self, addr: (_deny(addr[0] if isinstance(addr, tuple) else addr), _orig_connect(self, addr))[1]
 socket.getaddrinfo = lambda host, *a, **k: (_deny(host), _orig_gai(host, *a, **k))[1]
 import numpy as np, tvmfuse
-from tvmfuse import models
+from tvmfuse.zoo import models
 from tvmfuse.loader import load_model
 ft = sys.modules["tvmfuse.frontends.from_torch"]  # the module (the package re-exports the function)
 # a full-size model is built as the user's loader builds it (transformers' config and module, where
