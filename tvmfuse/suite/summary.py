@@ -106,17 +106,15 @@ def markdown(result) -> str:
         out += [f"| {k} | {v['geomean']} | {v['models']} |" for k, v in summ["tvmfuse_over"].items()]
         out.append("")
     lat = [s for s in ("tvmfuse", "tvm") + PEERS if any(s in r.get("latency_ms", {}) for r in rows)]
-    out += ["## Rows", "", "| model | family | " + " | ".join(stages) + " | launches tvm/tvmfuse | "
-            + " | ".join(f"{s} ms" for s in lat) + " | first error |",
-            "|" + "---|" * (4 + len(stages) + len(lat))]
+    head = ["model", "family"] + stages + ["launches tvm/tvmfuse"] + [f"{s} ms" for s in lat] + ["first error"]
+    out += ["## Rows", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         errs = [f"{s}: {v['error']}" for s, v in r.get("stages", {}).items() if not v["ok"]]
-        ln = r.get("launches", {})
-        ms = r.get("latency_ms", {})
-        out.append(f"| {r['model']} | {r.get('family', '')} | " + " | ".join(_cell(r, s) for s in stages)
-                   + f" | {ln.get('tvm', '')}/{ln.get('tvmfuse', '')} | "
-                   + " | ".join(str(ms.get(s, "")) for s in lat) + " | "
-                   + (errs[0].replace("|", "/")[:200] if errs else "") + " |")
+        ln, ms = r.get("launches", {}), r.get("latency_ms", {})
+        cells = [r["model"], r.get("family", "")] + [_cell(r, s) for s in stages]
+        cells += [f"{ln.get('tvm', '')}/{ln.get('tvmfuse', '')}"] + [str(ms.get(s, "")) for s in lat]
+        cells.append(errs[0].replace("|", "/")[:200] if errs else "")
+        out.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r['model']}: {r['note']}" for r in rows if r.get("note")]
     if notes:
         out += ["", "## Sizes that differ from the default config", ""] + notes
