@@ -109,7 +109,7 @@ def markdown(result) -> str:
     head = ["model", "family"] + stages + ["launches tvm/tvmfuse"] + [f"{s} ms" for s in lat] + ["first error"]
     out += ["## Rows", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        errs = [f"{s}: {v['error']}" for s, v in r.get("stages", {}).items() if not v["ok"]]
+        errs = [f"{s}: {v.get('error', 'failed')}" for s, v in r.get("stages", {}).items() if not v["ok"]]
         ln, ms = r.get("launches", {}), r.get("latency_ms", {})
         cells = [r["model"], r.get("family", "")] + [_cell(r, s) for s in stages]
         cells += [f"{ln.get('tvm', '')}/{ln.get('tvmfuse', '')}"] + [str(ms.get(s, "")) for s in lat]
