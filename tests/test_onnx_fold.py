@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tvmfuse
-from tvmfuse.baselines import _export_onnx
+from tvmfuse.bench.baselines import _export_onnx
 from tvmfuse.frontends import onnx_fold
 
 

@@ -192,7 +192,7 @@ def _spread(module):
     BatchNorm running statistics are randomised, so inference BatchNorm is not an identity."""
     import torch
 
-    from ..models import _trained_like
+    from ..zoo.models import _trained_like
 
     gen = torch.Generator().manual_seed(2)
     with torch.no_grad():

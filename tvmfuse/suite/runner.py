@@ -99,7 +99,7 @@ def compare(out, ref, size) -> float:
 def _import_onnx(module, arrays):
     import onnx
 
-    from ..baselines import _export_onnx
+    from ..bench.baselines import _export_onnx
     from ..frontends.from_onnx import from_onnx
 
     blob, why = _export_onnx(module, arrays)
@@ -109,16 +109,16 @@ def _import_onnx(module, arrays):
 
 
 def _loaded(name, mod, arrays, module, ref):
-    from ..frontends.load import LoadedModel
+    from ..zoo.workload import Workload
 
-    return LoadedModel(name, mod, arrays, lambda *x: ref, rtol=RTOL, module=module, source="tvmfuse.suite")
+    return Workload.imported(name, mod, arrays, lambda *x: ref, rtol=RTOL, module=module, source="tvmfuse.suite")
 
 
 def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) -> dict:
     """The row of model `name` (tvmfuse.suite.archs) at `size` and `batch`."""
     import torch
 
-    from ..bench import _tvm_system
+    from ..bench.core import _tvm_system
     from ..frontends.from_torch import from_torch
 
     arch = archs.BY_NAME[name]
@@ -183,8 +183,8 @@ def latency(name, module, arrays, ready, ref):
     """{system: median ms}, {system: why it has no number}; TVM builds from `ready`."""
     import statistics
 
-    from ..baselines import model_peer
-    from ..bench import _time
+    from ..bench.baselines import model_peer
+    from ..bench.core import _time
     from ..target import runtime_threads
 
     threads = runtime_threads()

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import platform
-import subprocess
 
-from ..bench import geomean
+from ..bench.report import geomean
+from ..runtime.machine import describe
 
 PEERS = ("onnxruntime", "torch", "torch.compile", "torch.compile+freezing")
 CORE = ("import[torch.export]", "build[tvmfuse]", "numerics[tvmfuse]")
@@ -53,33 +52,14 @@ def summarize(rows) -> dict:
 
 
 def machine() -> dict:
-    """CPU model, mcpu, cores, commit and the versions the numbers depend on."""
-    import numpy
-    import onnxruntime
-    import torch
+    """The run's machine record (tvmfuse/runtime/machine.py), with transformers' version added."""
     import transformers
-    import tvm
 
-    from ..target import resolve
+    from ..runtime.machine import record
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(__file__)).stdout.strip()
-    except OSError:
-        commit = ""
-    t = resolve("llvm")
-    return {"cpu": cpu, "mcpu": str(t.attrs.get("mcpu", "")), "cores": os.cpu_count(),
-            "threads": _threads(), "commit": commit, "python": platform.python_version(),
-            "versions": {"tvm": tvm.__version__, "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
-                         "numpy": numpy.__version__, "transformers": transformers.__version__}}
-
-
-def _threads():
-    from ..target import runtime_threads
-
-    return runtime_threads()
+    rec = record("llvm")
+    rec["versions"]["transformers"] = transformers.__version__
+    return rec
 
 
 def _cell(row, stage):
@@ -91,8 +71,7 @@ def markdown(result) -> str:
     rows, summ, mach = result["rows"], result["summary"], result["machine"]
     stages = list(summ["stages"])
     out = [f"# tvmfuse model suite ({result['size']}, batch {result['batch']})", "",
-           f"Machine: {mach['cpu']} (mcpu {mach['mcpu']}, {mach['cores']} cores, {mach['threads']} threads), "
-           f"commit {mach['commit'][:10]}; " + ", ".join(f"{k} {v}" for k, v in mach["versions"].items()), "",
+           describe(mach), "",
            f"Command: `{result['command']}`", "", "## Pass rates", "", "| stage | passed | ran | rate |",
            "|---|---|---|---|"]
     out += [f"| {s} | {v['passed']} | {v['ran']} | {v['rate']} |" for s, v in summ["stages"].items()]
