@@ -1,4 +1,4 @@
-"""The model suite (issue 33): 49 transformers architectures, one process per model.
+"""The model suite: the transformers architectures of tvmfuse.suite.archs, one process per model.
 
   python scripts/suite.py --tiny                      # the CI-sized configs, import/build/numerics/backend
   python scripts/suite.py --batch 1 --timeout 1800    # full size: every stage, latency included

@@ -1,4 +1,4 @@
-"""The model suite's tiny slice (issue 33): every architecture of tvmfuse.suite.archs at its tiny
+"""The model suite's tiny slice: every architecture of tvmfuse.suite.archs at its tiny
 config (1 layer, widths 16-64, seq 8, images 32x32), imported through torch.export, built under
 fusion="tvmfuse" and checked against PyTorch eager (rtol 1e-3, atol 1e-4). An architecture that
 cannot pass yet is in XFAIL with its reason (strict: it fails the run once it passes)."""
@@ -8,7 +8,7 @@ import pytest
 from tvmfuse.suite import archs
 from tvmfuse.suite.runner import ATOL, RTOL, check_init
 
-XFAIL = {}  # name -> reason; at most 2 (issue 33)
+XFAIL = {}  # name -> reason; at most 2
 
 
 def _param(name):

@@ -1,4 +1,4 @@
-"""The model suite (issue 33): 52 transformers architectures a user may bring, built offline from
+"""The model suite: 52 transformers architectures a user may bring, built offline from
 their configs with random weights, each tried as a user would: imported (torch.export and ONNX),
 built (fusion "tvm" and "tvmfuse"), checked against PyTorch eager, timed against ONNX Runtime,
 torch eager and torch.compile (with and without freezing), and run through
