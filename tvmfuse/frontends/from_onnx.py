@@ -10,7 +10,11 @@ Contract:
   Dims; docs/dynamic-shapes.md); an unnamed unknown dimension is a FrontendError naming the input;
 - converted with `tvm.relax.frontend.onnx.from_onnx`, then `common.normalize`.
   `params="constants"` (default) embeds the initializers; `params="inputs"` returns `(mod, params)`
-  like from_torch.
+  like from_torch;
+- when TVM's importer fails on a model whose inputs are all static (and `shapes` is not given), it
+  is retried once on the model with its shape computations folded by onnxruntime's basic
+  optimizations (onnx_fold.py: torch.onnx.export's computed "same" pads and ConstantOfShape masks);
+  the first error is reported when that fails too.
 """
 from __future__ import annotations
 
@@ -98,9 +102,28 @@ def from_onnx(path_or_model, shapes: dict | None = None, *, params: str = "const
         if all(isinstance(d, int) for d in dims):
             shape_dict[name] = dims  # else TVM's importer keeps each named dim a symbolic var
     try:
-        with GRAPH_LOCK:  # TVM's importer opens BlockBuilder function scopes (relax_utils.py)
-            mod = tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict,
-                                keep_params_in_input=params == "inputs")
+        mod = _import(tvm_from_onnx, model, shape_dict, dtype_dict, params)
     except Exception as err:
-        raise FrontendError(f"TVM's Relax ONNX frontend failed: {type(err).__name__}: {err}") from err
+        mod = _import_folded(tvm_from_onnx, model, shapes, shape_dict, dtype_dict, params)
+        if mod is None:
+            raise FrontendError(f"TVM's Relax ONNX frontend failed: {type(err).__name__}: {err}") from err
     return finish(mod, params, normalize)
+
+
+def _import(tvm_from_onnx, model, shape_dict, dtype_dict, params):
+    with GRAPH_LOCK:  # TVM's importer opens BlockBuilder function scopes (relax_utils.py)
+        return tvm_from_onnx(model, shape_dict=shape_dict, dtype_dict=dtype_dict,
+                             keep_params_in_input=params == "inputs")
+
+
+def _import_folded(tvm_from_onnx, model, shapes, shape_dict, dtype_dict, params):
+    """The import retried on the model with its shape computations folded (onnx_fold.py), when its
+    inputs are all static and not reshaped by `shapes`; None when that is not possible or fails too."""
+    from .onnx_fold import fold, static_inputs
+
+    if shapes or not static_inputs(model):
+        return None
+    try:
+        return _import(tvm_from_onnx, fold(model), shape_dict, dtype_dict, params)
+    except Exception:  # the first error is the one reported
+        return None

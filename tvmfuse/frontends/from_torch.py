@@ -14,13 +14,15 @@ Contract:
 
 Known TVM 0.27 frontend bug worked around here: `aten.cumsum` of a bool/int tensor keeps the input
 dtype (torch promotes to int64), and LLVM codegen then fails on a bool add. transformers' masking
-code emits exactly that; `_cumsum` promotes like torch.
+code emits exactly that; `_cumsum` promotes like torch. More in torch_fixes.py (true division of
+integers, index.Tensor with sliced dims).
 """
 from __future__ import annotations
 
 from ..errors import FrontendError
 from ..relax_utils import GRAPH_LOCK
 from .common import finish
+from .torch_fixes import FIXES as TORCH_FIXES
 
 _INTEGRAL = ("bool", "int8", "int16", "int32", "uint8")
 
@@ -37,7 +39,7 @@ def _cumsum(node, importer):
     return importer.block_builder.emit(relax.op.cumsum(x, dim, dtype))
 
 
-FIXES = {"cumsum.default": _cumsum}
+FIXES = {"cumsum.default": _cumsum, **TORCH_FIXES}  # torch_fixes.py: division, indexing
 
 
 def _describe(inputs) -> str:

@@ -1,0 +1,53 @@
+"""The suite's machinery (tvmfuse.suite): a crash or hang costs one row with its error class, and
+the summary's pass rates and geometric means come from the rows."""
+import json
+import sys
+
+from tvmfuse.suite import summary
+from tvmfuse.suite.process import run_command
+
+
+def _cmd(code):
+    return [sys.executable, "-c", code]
+
+
+def test_a_segfault_costs_one_row_with_its_signal(tmp_path):
+    out = tmp_path / "row.json"
+    code = (f"import json, os, signal; json.dump({{'stages': {{'import[torch.export]': {{'ok': True}}}}}}, "
+            f"open({str(out)!r}, 'w')); os.kill(os.getpid(), signal.SIGSEGV)")
+    row = run_command(_cmd(code), str(out), timeout=60, base={"model": "m"})
+    assert row["model"] == "m" and row["stages"]["import[torch.export]"]["ok"]
+    assert row["stages"]["process"]["error"].startswith("SIGSEGV")
+    assert "after import[torch.export]" in row["stages"]["process"]["error"]
+
+
+def test_a_hang_is_killed_at_the_timeout(tmp_path):
+    row = run_command(_cmd("import time; time.sleep(60)"), str(tmp_path / "row.json"), timeout=2)
+    assert row["stages"]["process"] == {"ok": False, "error": "Timeout: over 2 s"}
+
+
+def test_an_exception_gives_its_class_and_first_line(tmp_path):
+    row = run_command(_cmd("raise ValueError('bad shape\\nmore')"), str(tmp_path / "row.json"), timeout=60)
+    assert row["stages"]["process"]["error"] == "ValueError: bad shape"
+
+
+def _row(name, ok, ms):
+    st = {s: {"ok": ok} for s in summary.CORE}
+    return {"model": name, "stages": st, "latency_ms": ms,
+            "backend": {"compiled": ok, "graph_breaks": 1, "eager_reasons": []}}
+
+
+def test_summary_pass_rates_and_geomeans():
+    rows = [_row("a", True, {"tvmfuse": 1.0, "tvm": 2.0, "torch": 4.0, "onnxruntime": 2.0}),
+            _row("b", False, {"tvmfuse": 4.0, "tvm": 2.0, "torch": 1.0})]
+    s = summary.summarize(rows)
+    assert s["pass_all"] == {"passed": 1, "of": 2, "rate": 0.5}
+    assert s["stages"]["build[tvmfuse]"] == {"passed": 1, "ran": 2, "rate": 0.5}
+    assert s["tvmfuse_over"]["tvm"] == {"geomean": 1.0, "models": 2}  # sqrt(0.5 * 2)
+    assert s["tvmfuse_over"]["best peer"]["geomean"] == 1.4142  # sqrt(1/2 * 4/1): best peers 2 and 1
+    assert s["backend"] == {"compiled": 1, "of": 2, "graph_breaks": 2}
+    result = {"size": "tiny", "batch": 1, "command": "x", "rows": rows, "summary": s,
+              "machine": {"cpu": "c", "mcpu": "m", "cores": 2, "threads": 2, "commit": "abc", "versions": {}}}
+    md = summary.markdown(result)
+    assert "| build[tvmfuse] | 1 | 2 | 0.5 |" in md and "| best peer | 1.4142 | 2 |" in md
+    json.dumps(result)

@@ -1,0 +1,89 @@
+"""Converters for ATen ops TVM 0.27's ExportedProgram importer gets wrong (found by the model suite,
+tvmfuse.suite); from_torch.FIXES registers them over TVM's own (signature: fn(node, importer)).
+
+- `div.Tensor` / `div.Scalar` of integer operands: torch's true division promotes to float32 (the
+  default dtype); TVM's converter divided in int64 and the next op failed (DeBERTa-v2's log-bucket
+  relative positions: `torch.log(abs_pos / mid)` -> "relax.log requires float dtype").
+- `index.Tensor` with sliced (None) dimensions and several index tensors: TVM's general case indexes
+  the sliced dims with aranges that broadcast against the index tensors (a wrong shape, or "cannot
+  broadcast index shapes", ConvBERT's unfold). Here: the indexed dims are moved first
+  (permute_dims), `relax.op.index_tensor` indexes them with the index tensors broadcast to one
+  shape (right-aligned, as torch does), and the result dims are put where torch puts them: at the
+  first indexed dim when the indexed dims are adjacent, else in front.
+"""
+from __future__ import annotations
+
+import operator
+
+_INTEGRAL = ("bool", "int8", "int16", "int32", "int64", "uint8")
+
+
+def _integral(x) -> bool:
+    from tvm import relax
+
+    if isinstance(x, relax.Expr):
+        return isinstance(x.ty, relax.TensorType) and x.ty.dtype in _INTEGRAL
+    return isinstance(x, (bool, int))
+
+
+def true_divide(node, importer):
+    """aten.div.Tensor / div.Scalar (no rounding mode): integer operands become float32 first."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    lhs, rhs = args[0], args[1]
+    if not (_integral(lhs) and _integral(rhs)):
+        return importer._binary_op(relax.op.divide, operator.truediv)(node)
+
+    def as_float(x):
+        if isinstance(x, relax.Expr):
+            return importer.block_builder.emit(relax.op.astype(x, "float32"))
+        return relax.const(float(x), "float32")
+
+    if not isinstance(lhs, relax.Expr) and not isinstance(rhs, relax.Expr):
+        return operator.truediv(lhs, rhs)
+    return importer.block_builder.emit(relax.op.divide(as_float(lhs), as_float(rhs)))
+
+
+def _broadcast(importer, indices):
+    """The index tensors reshaped and broadcast to their common (right-aligned) shape."""
+    from tvm import relax
+
+    shapes = [list(importer.shape_of(i)) for i in indices]
+    nd = max(len(s) for s in shapes)
+    shapes = [[1] * (nd - len(s)) + s for s in shapes]
+    out = []
+    for axis in range(nd):
+        dims = [s[axis] for s in shapes]
+        big = [d for d in dims if not (hasattr(d, "value") and d.value == 1) and d != 1]
+        out.append(big[0] if big else dims[0])
+    emit = importer.block_builder.emit
+    return [emit(relax.op.broadcast_to(emit(relax.op.reshape(i, s)), out)) for i, s in zip(indices, shapes)]
+
+
+def index_tensor(node, importer):
+    """aten.index.Tensor with torch's semantics (see the module docstring)."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    data, indices = args[0], list(args[1])
+    picked = [(i, x) for i, x in enumerate(indices) if x is not None]
+    if len(picked) < 2 or len(picked) == len(indices):  # TVM's take / index_tensor paths are right
+        return importer._index_tensor(node)
+    emit = importer.block_builder.emit
+    rank = len(importer.shape_of(data))
+    axes = [i for i, _ in picked]
+    rest = [i for i in range(rank) if i not in axes]
+    moved = emit(relax.op.permute_dims(data, axes + rest))
+    idx = _broadcast(importer, [x for _, x in picked])
+    out = emit(relax.op.index_tensor(moved, idx))
+    adjacent = axes == list(range(axes[0], axes[-1] + 1))
+    before = sum(1 for i in rest if i < axes[0])
+    if not adjacent or before == 0:
+        return out
+    b = len(importer.shape_of(idx[0]))
+    perm = [b + i for i in range(before)] + list(range(b)) + [b + before + j for j in range(len(rest) - before)]
+    return emit(relax.op.permute_dims(out, perm))
+
+
+FIXES = {"div.Tensor": true_divide, "div.Scalar": true_divide, "index.Tensor": index_tensor}

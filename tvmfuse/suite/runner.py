@@ -1,0 +1,268 @@
+"""One model of the suite, every stage, one row: `run_model(name, size, batch, stages)`.
+
+Stages (each its own entry in row["stages"]: ok, seconds, and on failure "ErrorClass: first line"):
+  import    "import[torch.export]" (tvmfuse.from_torch) and "import[onnx]" (torch.onnx.export through
+            tvmfuse.baselines._export_onnx, then tvmfuse.from_onnx): both attempted.
+  build     "build[tvm]" and "build[tvmfuse]" of the torch.export import (of the ONNX import when
+            torch.export failed), through tvmfuse.bench._tvm_system (launches static and counted
+            while running); "build[tvmfuse,onnx]" of the ONNX import.
+  numerics  each build against PyTorch eager: np.testing.assert_allclose with rtol 1e-3 and atol
+            ATOL[size] (1e-4 tiny, 1e-3 full: random weights, outputs of order 1).
+  latency   full size only: medians of tvmfuse, tvm, onnxruntime, torch eager, torch.compile and
+            torch.compile with Inductor's freezing, timed in ROUNDS interleaved rounds (order rotated)
+            of tvmfuse.bench._time; the peers are tvmfuse.baselines.model_peer's.
+  backend   torch.compile(module, backend="tvmfuse"): torch._dynamo.explain's graphs and graph
+            breaks (with reasons), then one compiled call: the warnings the backend logs on
+            `tvmfuse.torch` (each a subgraph left to eager PyTorch, with its reason) and the numerics.
+
+Weights: the model's own `_init_weights` (AutoModel.from_config: normal(0, initializer_range)),
+then tvmfuse.suite.archs._spread (constant parameters spread by 2%, BatchNorm statistics
+randomised). row["init"] checks it: the denormal floats (0 < |x| < 1.18e-38) found in every
+module's output over one eager forward, and the output's largest magnitude.
+
+`python -m tvmfuse.suite.runner NAME --size tiny --batch 1 --stages ... --out ROW.json` writes the row
+after every stage, so a process that dies mid-way leaves what it had (scripts/suite.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import time
+
+import numpy as np
+
+from . import archs
+
+STAGES = ("import", "build", "numerics", "latency", "backend")
+ATOL = {"tiny": 1e-4, "full": 1e-3}
+RTOL = 1e-3
+ROUNDS = 5
+BUDGET_S = 0.2
+TINY = 1.1754943508222875e-38  # float32's smallest normal
+
+
+def error_line(err: BaseException) -> str:
+    text = str(err).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(err).__name__}: {first[:300]}".rstrip(": ")
+
+
+class _Stage:
+    """`with _Stage(row, key):` records ok/seconds/error of one stage; the exception is swallowed."""
+
+    def __init__(self, row, key, emit):
+        self.row, self.key, self.emit = row, key, emit
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, kind, err, tb):
+        entry = {"ok": err is None, "s": round(time.perf_counter() - self.t0, 2)}
+        if err is not None:
+            entry["error"] = error_line(err)
+        self.row["stages"][self.key] = entry
+        self.emit(self.row)
+        return isinstance(err, Exception)
+
+
+def check_init(module, tensors) -> dict:
+    """Denormal floats in every module's output over one eager forward, and the output's max |x|."""
+    import torch
+
+    count = [0]
+
+    def hook(_m, _i, out):
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                a = t.detach().abs()
+                count[0] += int(((a > 0) & (a < TINY)).sum())
+
+    handles = [m.register_forward_hook(hook) for m in module.modules()]
+    try:
+        with torch.no_grad():
+            out = module(*tensors)
+    finally:
+        for h in handles:
+            h.remove()
+    return {"denormals": count[0], "max_abs": float(out.abs().max())}
+
+
+def compare(out, ref, size) -> float:
+    """Max abs error; raises AssertionError (np.testing) when out is not within tolerance of ref."""
+    out = out[0] if isinstance(out, (tuple, list)) else out
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=ATOL[size])
+    return float(np.max(np.abs(out - ref))) if out.size else 0.0
+
+
+def _import_onnx(module, arrays):
+    import onnx
+
+    from ..bench.baselines import _export_onnx
+    from ..frontends.from_onnx import from_onnx
+
+    blob, why = _export_onnx(module, arrays)
+    if blob is None:
+        raise RuntimeError(why)
+    return from_onnx(onnx.load_from_string(blob))
+
+
+def _loaded(name, mod, arrays, module, ref):
+    from ..zoo.workload import Workload
+
+    return Workload.imported(name, mod, arrays, lambda *x: ref, rtol=RTOL, module=module, source="tvmfuse.suite")
+
+
+def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) -> dict:
+    """The row of model `name` (tvmfuse.suite.archs) at `size` and `batch`."""
+    import torch
+
+    from ..bench.core import _tvm_system
+    from ..frontends.from_torch import from_torch
+
+    arch = archs.BY_NAME[name]
+    row = {"model": name, "family": arch.family, "size": size, "batch": batch, "note": arch.note, "stages": {},
+           "max_err": {}, "launches": {}, "ran": {}, "latency_ms": {}}
+    module = archs.build_module(arch, size)
+    arrays = archs.make_inputs(arch, size, batch)
+    tensors = tuple(torch.from_numpy(a) for a in arrays)
+    row["init"] = check_init(module, tensors)
+    with torch.no_grad():
+        ref = module(*tensors).numpy()
+    mods, ready = {}, {}
+    if "import" in stages:
+        with _Stage(row, "import[torch.export]", emit):
+            mods["torch"] = from_torch(module, tensors)
+        with _Stage(row, "import[onnx]", emit):
+            mods["onnx"] = _import_onnx(module, arrays)
+    if "build" in stages and mods:
+        main = mods.get("torch") or mods["onnx"]
+        row["build_source"] = "torch.export" if "torch" in mods else "onnx"
+        builds = [(f, f, main) for f in ("tvm", "tvmfuse")]
+        if "torch" in mods and "onnx" in mods:
+            builds.append(("tvmfuse,onnx", "tvmfuse", mods["onnx"]))
+        for key, fusion, mod in builds:
+            with _Stage(row, f"build[{key}]", emit):
+                r = _tvm_system(_loaded(name, mod, arrays, module, ref), fusion, "llvm", arrays, None)
+                ready[key] = r
+                row["launches"][key], row["ran"][key] = r.launches, r.ran
+            if key in ready and "numerics" in stages:
+                with _Stage(row, f"numerics[{key}]", emit):
+                    row["max_err"][key] = compare(ready[key].out, ref, size)
+    if "latency" in stages and size == "full" and ready:
+        with _Stage(row, "latency", emit):
+            row["latency_ms"], row["latency_skipped"] = latency(name, module, arrays, ready, ref)
+    if "backend" in stages:
+        with _Stage(row, "backend", emit):
+            row["backend"] = backend(module, tensors, ref, size)
+            if not row["backend"]["compiled"]:
+                raise RuntimeError(f"fell back to eager: {'; '.join(row['backend']['eager_reasons'])[:300]}")
+    emit(row)
+    return row
+
+
+def _freezing_peer(module, arrays, threads):
+    """torch.compile with Inductor's freezing (weights folded as constants): (call, compile seconds)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    fn = torch.compile(module, options={"freezing": True})
+    args = [torch.from_numpy(a) for a in arrays]
+
+    def call():
+        with torch.inference_mode():
+            return fn(*args).numpy()
+
+    t0 = time.perf_counter()
+    call()
+    return call, time.perf_counter() - t0
+
+
+def latency(name, module, arrays, ready, ref):
+    """{system: median ms}, {system: why it has no number}; TVM builds from `ready`."""
+    import statistics
+
+    from ..bench.baselines import model_peer
+    from ..bench.core import _time
+    from ..target import runtime_threads
+
+    threads = runtime_threads()
+    calls = {s: ready[s].call for s in ("tvmfuse", "tvm") if s in ready}
+    skipped = {}
+    m = _loaded(name, None, arrays, module, ref)
+    for system in ("onnxruntime", "torch", "torch.compile", "torch.compile+freezing"):
+        try:
+            got = (_freezing_peer(module, arrays, threads) if system.endswith("freezing")
+                   else model_peer(m, system, threads))
+        except Exception as err:  # a peer that cannot run this model: the row says why
+            got = error_line(err)
+        if isinstance(got, str):
+            skipped[system] = got
+        else:
+            calls[system] = got[0]
+    samples = {s: [] for s in calls}
+    order = list(calls)
+    for i in range(ROUNDS):
+        for s in order[i % len(order):] + order[:i % len(order)]:
+            samples[s].append(_time(calls[s], BUDGET_S))
+    return {s: round(statistics.median(v) * 1e3, 4) for s, v in samples.items()}, skipped
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+def backend(module, tensors, ref, size) -> dict:
+    """torch.compile(backend="tvmfuse") on the module: graphs, graph breaks, eager subgraphs and why."""
+    import torch
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        exp = torch._dynamo.explain(module)(*tensors)
+    out = {"graphs": exp.graph_count, "graph_breaks": exp.graph_break_count,
+           "break_reasons": sorted({str(b.reason).splitlines()[0][:200] for b in exp.break_reasons})}
+    torch._dynamo.reset()
+    logger, handler = logging.getLogger("tvmfuse.torch"), _Records()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        fn = torch.compile(module, backend="tvmfuse")
+        with torch.inference_mode():
+            got = fn(*tensors).numpy()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    eager = [r.getMessage().splitlines()[0][:300] for r in handler.records if r.levelno >= logging.WARNING]
+    out.update(eager_subgraphs=len(eager), eager_reasons=eager, compiled=not eager)
+    try:
+        out["max_err"] = compare(got, ref, size)
+    except AssertionError as err:
+        out["numerics"] = error_line(err)
+    return out
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", choices=archs.names())
+    p.add_argument("--size", choices=("tiny", "full"), default="tiny")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--stages", default=",".join(STAGES))
+    p.add_argument("--out", required=True, help="the row as JSON (rewritten after every stage)")
+    a = p.parse_args(argv)
+
+    def emit(row):
+        with open(a.out, "w") as f:
+            json.dump(row, f, indent=1, default=str)
+
+    run_model(a.model, a.size, a.batch, tuple(a.stages.split(",")), emit)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The suite's summary: pass rate per stage, geometric means, machine record, JSON and markdown.
+
+`summarize(rows)` -> {"stages": {stage: {"passed", "ran", "rate"}}, "pass_all": architectures that
+passed import[torch.export], build[tvmfuse] and numerics[tvmfuse], "backend": compiled without
+eager fallback, "geomean": tvmfuse's latency over each peer's (below 1: tvmfuse faster), over
+fusion="tvm"'s and over the best peer's per model}. A row whose process died has the stage it died
+in (or "process") failed with the error class and first line (scripts/suite.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from ..bench.report import geomean
+from ..runtime.machine import describe
+
+PEERS = ("onnxruntime", "torch", "torch.compile", "torch.compile+freezing")
+CORE = ("import[torch.export]", "build[tvmfuse]", "numerics[tvmfuse]")
+
+
+def _stage_names(rows):
+    seen = []
+    for r in rows:
+        for s in r.get("stages", {}):
+            if s not in seen:
+                seen.append(s)
+    return seen
+
+
+def summarize(rows) -> dict:
+    stages = {}
+    for s in _stage_names(rows):
+        ran = [r for r in rows if s in r.get("stages", {})]
+        passed = sum(r["stages"][s]["ok"] for r in ran)
+        stages[s] = {"passed": passed, "ran": len(ran), "rate": round(passed / len(ran), 3) if ran else None}
+    core = sum(all(r.get("stages", {}).get(s, {}).get("ok") for s in CORE) for r in rows)
+    ratios = {}
+    for other in ("tvm",) + PEERS + ("best peer",):
+        vals = []
+        for r in rows:
+            ms = r.get("latency_ms", {})
+            peer = min((ms[p] for p in PEERS if p in ms), default=None) if other == "best peer" else ms.get(other)
+            if ms.get("tvmfuse") and peer:
+                vals.append(ms["tvmfuse"] / peer)
+        ratios[other] = {"geomean": round(geomean(vals), 4) if vals else None, "models": len(vals)}
+    backend = [r["backend"] for r in rows if "backend" in r]
+    return {"models": len(rows), "stages": stages,
+            "pass_all": {"passed": core, "of": len(rows), "rate": round(core / len(rows), 3) if rows else None},
+            "backend": {"compiled": sum(b["compiled"] for b in backend), "of": len(backend),
+                        "graph_breaks": sum(b["graph_breaks"] for b in backend)},
+            "tvmfuse_over": ratios}
+
+
+def machine() -> dict:
+    """The run's machine record (tvmfuse/runtime/machine.py), with transformers' version added."""
+    import transformers
+
+    from ..runtime.machine import record
+
+    rec = record("llvm")
+    rec["versions"]["transformers"] = transformers.__version__
+    return rec
+
+
+def _cell(row, stage):
+    st = row.get("stages", {}).get(stage)
+    return "" if st is None else ("ok" if st["ok"] else "FAIL")
+
+
+def markdown(result) -> str:
+    rows, summ, mach = result["rows"], result["summary"], result["machine"]
+    stages = list(summ["stages"])
+    out = [f"# tvmfuse model suite ({result['size']}, batch {result['batch']})", "",
+           describe(mach), "",
+           f"Command: `{result['command']}`", "", "## Pass rates", "", "| stage | passed | ran | rate |",
+           "|---|---|---|---|"]
+    out += [f"| {s} | {v['passed']} | {v['ran']} | {v['rate']} |" for s, v in summ["stages"].items()]
+    pa, be = summ["pass_all"], summ["backend"]
+    out += ["", f"Import + build + numerics (torch.export, tvmfuse): {pa['passed']}/{pa['of']}. "
+            f"torch.compile(backend=\"tvmfuse\") without eager fallback: {be['compiled']}/{be['of']} "
+            f"({be['graph_breaks']} graph breaks in all).", ""]
+    if any(v["models"] for v in summ["tvmfuse_over"].values()):
+        out += ["## tvmfuse latency over each (geometric mean; below 1: tvmfuse faster)", "",
+                "| vs | geomean | models |", "|---|---|---|"]
+        out += [f"| {k} | {v['geomean']} | {v['models']} |" for k, v in summ["tvmfuse_over"].items()]
+        out.append("")
+    lat = [s for s in ("tvmfuse", "tvm") + PEERS if any(s in r.get("latency_ms", {}) for r in rows)]
+    head = ["model", "family"] + stages + ["launches tvm/tvmfuse"] + [f"{s} ms" for s in lat] + ["first error"]
+    out += ["## Rows", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        errs = [f"{s}: {v.get('error', 'failed')}" for s, v in r.get("stages", {}).items() if not v["ok"]]
+        ln, ms = r.get("launches", {}), r.get("latency_ms", {})
+        cells = [r["model"], r.get("family", "")] + [_cell(r, s) for s in stages]
+        cells += [f"{ln.get('tvm', '')}/{ln.get('tvmfuse', '')}"] + [str(ms.get(s, "")) for s in lat]
+        cells.append(errs[0].replace("|", "/")[:200] if errs else "")
+        out.append("| " + " | ".join(cells) + " |")
+    notes = [f"- {r['model']}: {r['note']}" for r in rows if r.get("note")]
+    if notes:
+        out += ["", "## Sizes that differ from the default config", ""] + notes
+    return "\n".join(out) + "\n"
+
+
+def write(result, json_path, md_path):
+    for p in (json_path, md_path):
+        if os.path.dirname(p):
+            os.makedirs(os.path.dirname(p), exist_ok=True)
+    with open(json_path, "w") as f:
+        json.dump(result, f, indent=1, default=str)
+    with open(md_path, "w") as f:
+        f.write(markdown(result))
