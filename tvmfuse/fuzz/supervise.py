@@ -60,9 +60,10 @@ def _load(part_path: str):
 
 
 def supervise(child_args: list, minutes: float, seed: int, max_ops: int, shapes: str, graph_timeout: float,
-              log_path: str, progress=None) -> Summary:
+              log_path: str, progress=None, max_timeouts: int | None = None) -> Summary:
     """Run the campaign of `child_args` (scripts/fuzz.py options other than --minutes, --seed and the
-    child's files) in children from `seed` for `minutes`, each graph limited to `graph_timeout` s."""
+    child's files) in children from `seed` for `minutes`, each graph limited to `graph_timeout` s;
+    stop early after `max_timeouts` graphs over the limit (None: never)."""
     total = Summary("random", seed, max_ops, shapes=shapes)
     t0 = time.monotonic()
     deadline = t0 + 60 * minutes
@@ -78,7 +79,7 @@ def supervise(child_args: list, minutes: float, seed: int, max_ops: int, shapes:
         child = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL)
         stuck = None
         while child.poll() is None:
-            time.sleep(1.0)
+            time.sleep(min(1.0, graph_timeout / 2))
             last = _last(log_path)
             if last and "start" in last and time.time() - last["start"] > graph_timeout:
                 stuck = last
@@ -102,5 +103,7 @@ def supervise(child_args: list, minutes: float, seed: int, max_ops: int, shapes:
         if progress:
             progress(f"[fuzz] seed {bad['seed']}: {what}; restarting at {bad['seed'] + 1}")
         cur = bad["seed"] + 1
+        if max_timeouts is not None and len(total.timeouts) >= max_timeouts:
+            break
     total.seconds = time.monotonic() - t0
     return total
