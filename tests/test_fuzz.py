@@ -121,3 +121,65 @@ def test_a_flaky_failure_keeps_its_first_outcome(monkeypatch):
     f = s.failures[0]
     assert (f["kind"], f["variant"]) == ("mismatch", "tvmfuse")
     assert f["detail"] == "flaky (passed on re-check): boom"
+
+
+# ---------------------------------------------------------------------------- large shapes
+LARGE_SEEDS = (4, 7)  # Winograd; a 1x1 conv as a matmul beside a streamed relu
+
+
+def test_large_graphs_take_each_cpu_rewrite_and_match():
+    """--shapes large: a handful of graphs whose tvmfuse builds take Winograd, the 1x1 conv as a
+    matmul and streaming stores, each checked against a reference built with the rewrites off."""
+    from tvmfuse.fuzz import generate_large
+    from tvmfuse.fuzz.rewrites import REWRITES
+
+    took = collections.Counter()
+    for seed in LARGE_SEEDS:
+        spec = generate_large(RandomSource(seed))
+        assert spec["reference_cpu"] == {"winograd": 0, "conv1x1_matmul_fill": 0, "streaming_stores": 0}
+        out = check_spec(spec)
+        assert out.ok, f"large seed {seed}: {out}\nspec: {json.dumps(spec)}"
+        took.update(k for k in REWRITES if out.rewrites[k])
+    assert set(took) == set(REWRITES), took
+
+
+def test_the_large_reference_takes_no_rewrite_and_overrides_are_restored():
+    import tvmfuse
+    from schedules import targets
+    from tvmfuse.fuzz import generate_large
+    from tvmfuse.fuzz.large import cpu_overrides
+    from tvmfuse.fuzz.rewrites import StreamWatch, taken
+
+    spec = generate_large(RandomSource(7))  # a 1x1 conv and a 5 MiB relu
+    before = dict(targets.cpu_table())
+    for cpu, expect in ((spec["cpu"], 1), ({**spec["cpu"], **spec["reference_cpu"]}, 0)):
+        watch = StreamWatch()
+        with cpu_overrides(cpu):
+            built = tvmfuse.build(to_module(spec), "llvm", "none", instruments=[watch])
+        got = taken(built, spec, watch)
+        assert (got["conv1x1_matmul"] > 0, got["streaming_stores"] > 0) == (bool(expect), bool(expect)), got
+    assert targets.cpu_table() == before
+
+
+def test_a_graph_over_the_time_limit_is_stopped_and_reported(tmp_path):
+    """scripts/fuzz.py --graph-timeout: the child is killed, the graph reported with its seed, and
+    the campaign goes on from the next seed."""
+    from tvmfuse.fuzz.supervise import supervise
+
+    s = supervise(["--max-ops", "2", "--shapes", "small"], minutes=3, seed=3, max_ops=2, shapes="small",
+                  graph_timeout=0.01, log_path=str(tmp_path / "log.jsonl"), max_timeouts=2)
+    assert [t["seed"] for t in s.timeouts] == [3, 4] and s.timeouts[0]["what"] == "timeout"
+    assert s.timeouts[0]["spec"] == generate(RandomSource(3), 2)
+
+
+def test_summaries_merge_and_render():
+    from tvmfuse.fuzz.campaign import Summary
+    from tvmfuse.fuzz.record import document, markdown
+
+    a, b = Summary("random", 0, 2, shapes="large"), Summary("random", 9, 2, shapes="large")
+    a.graphs, b.graphs, a.rewrites["winograd"], b.rewrites["winograd"] = 3, 4, 1, 2
+    b.timeouts.append({"seed": 11, "spec_id": "x", "what": "timeout", "seconds": 31.0})
+    a.merge(b)
+    assert (a.graphs, a.rewrites["winograd"], a.seed, len(a.timeouts)) == (7, 3, 0, 1)
+    text = markdown(document(a, "scripts/fuzz.py --shapes large", {"stream_output_pct": 1}))
+    assert "| graphs whose tvmfuse build took: Winograd F(m x m, 3x3) | 3 |" in text and "seed 11" in text

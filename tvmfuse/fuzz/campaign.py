@@ -14,7 +14,11 @@ from dataclasses import asdict, dataclass, field
 
 from .check import Outcome, check_spec
 from .gen import ALL_OPS, RandomSource, generate
+from .large import CAMPAIGN_CPU, generate_large
+from .rewrites import REWRITES
 from .shrink import hypothesis_search, shrink_seed
+
+GENERATORS = {"small": generate, "large": generate_large}  # --shapes
 from .spec import spec_id, spec_ops, to_module
 
 
@@ -33,11 +37,27 @@ class Summary:
     symbolic: int = 0  # graphs built once with a symbolic leading dim and checked at two sizes
     attention: int = 0  # graphs with the attention composite (a softmax between two matmuls)
     launches: dict = field(default_factory=lambda: {"none": 0, "tvm": 0, "tvmfuse": 0})  # summed
+    shapes: str = "small"
+    # distinct graphs whose tvmfuse build took each CPU rewrite (rewrites.py), "any": at least one of
+    # them; stream_marked: MarkStreamingStores marked a kernel (StreamStores may find no whole vector)
+    rewrites: dict = field(default_factory=lambda: {k: 0 for k in (*REWRITES, "stream_marked", "any")})
+    timeouts: list = field(default_factory=list)  # {seed, spec_id, seconds}: graphs stopped by the supervisor
     baseline_failures: list = field(default_factory=list)  # the unfused build fails: not fusion
     failures: list = field(default_factory=list)  # {seed, kind, variant, detail, spec_id, spec}
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1)
+
+    def merge(self, other: "Summary") -> None:
+        """Add `other` (a later run over other seeds: supervise.py's restarts) to this summary."""
+        for name, mine in asdict(self).items():
+            theirs = getattr(other, name)
+            if isinstance(mine, (int, float)) and not isinstance(mine, bool) and name not in ("seed", "max_ops"):
+                setattr(self, name, mine + theirs)
+            elif isinstance(mine, dict):
+                getattr(self, name).update({k: mine.get(k, 0) + v for k, v in theirs.items()})
+            elif isinstance(mine, list):
+                getattr(self, name).extend(theirs)
 
     def text(self) -> str:
         lines = [f"engine {self.engine}, seed {self.seed}, max_ops {self.max_ops}: {self.seconds:.0f} s",
@@ -45,6 +65,7 @@ class Summary:
                  f"non-default knobs: {self.with_knobs}, symbolic: {self.symbolic}, attention: {self.attention}, "
                  f"graphs with inputs of dtype: {self.dtypes}",
                  f"kernel launches summed over the graphs: {self.launches}",
+                 f"shapes {self.shapes}; graphs whose tvmfuse build took a CPU rewrite: {self.rewrites}",
                  "ops covered: " + ", ".join(f"{k} {v}" for k, v in sorted(self.ops.items()))]
         missing = [k for k, v in self.ops.items() if not v]
         if missing:
@@ -52,6 +73,9 @@ class Summary:
         lines.append(f"baseline failures (unfused build fails too): {len(self.baseline_failures)}")
         for f in self.baseline_failures[:5]:
             lines.append(f"  seed {f['seed']}: {f['detail'][:200]}")
+        lines.append(f"graphs stopped after the per-graph time limit: {len(self.timeouts)}")
+        for t in self.timeouts:
+            lines.append(f"  seed {t['seed']} -> {t['spec_id']}: over {t['seconds']:.0f} s")
         lines.append(f"fusion failures: {len(self.failures)}")
         for f in self.failures:
             lines.append(f"  seed {f['seed']} -> {f['spec_id']} ({len(f['spec']['ops'])} ops): "
@@ -82,6 +106,10 @@ class _Tally:
         s.attention += "softmax" in ops and ops.count("matmul") >= 2
         for v, n in out.launches.items():
             s.launches[v] += n
+        took = [k for k in (*REWRITES, "stream_marked") if out.rewrites.get(k)]
+        for k in took:
+            s.rewrites[k] += 1
+        s.rewrites["any"] += any(k in REWRITES for k in took)
         if out.kind == "baseline" and len(s.baseline_failures) < 50:
             s.baseline_failures.append({"seed": seed, "detail": out.detail, "spec_id": sid})
 
@@ -95,8 +123,13 @@ def _record(summary, seed, spec, out):
                              "spec_id": spec_id(spec), "spec": spec})
 
 
-def run(minutes: float, seed: int = 0, max_ops: int = 8, engine: str = "random", progress=None) -> Summary:
-    s = Summary(engine, seed, max_ops)
+def run(minutes: float, seed: int = 0, max_ops: int = 8, engine: str = "random", progress=None,
+        shapes: str = "small", on_graph=None, seeds: int | None = None) -> Summary:
+    """Graphs from `seed` on until `minutes` pass (or `seeds` graphs are done). `on_graph(seed, spec,
+    outcome, seconds, summary)` sees each random-engine graph before it is checked (outcome None) and
+    after (supervise.py logs them and snapshots the summary)."""
+    s = Summary(engine, seed, max_ops, shapes=shapes)
+    gen = GENERATORS[shapes]
     tally, sigs = _Tally(s), set()
     t0 = time.monotonic()
     deadline = t0 + 60 * minutes
@@ -107,21 +140,26 @@ def run(minutes: float, seed: int = 0, max_ops: int = 8, engine: str = "random",
         return out
 
     k = 0
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline and (seeds is None or k < seeds):
         cur = seed + k
         k += 1
         if engine == "hypothesis":
-            found = hypothesis_search(cur, 25, max_ops, checked)
+            found = hypothesis_search(cur, 25, max_ops, checked, gen=gen)
             if found and _signature(found[1]) not in sigs:
                 sigs.add(_signature(found[1]))
                 _record(s, cur, *found)
         else:
-            spec = generate(RandomSource(cur), max_ops)
+            spec = gen(RandomSource(cur), max_ops)
+            t1 = time.monotonic()
+            if on_graph:
+                on_graph(cur, spec, None, 0.0, s)
             out = checked(spec, cur)
+            if on_graph:
+                on_graph(cur, spec, out, time.monotonic() - t1, s)
             if not out.ok and out.kind != "baseline" and _signature(out) not in sigs:
                 sigs.add(_signature(out))
                 kind = out.kind
-                small = shrink_seed(cur, max_ops, lambda sp: checked(sp, cur).kind == kind, budget=80)
+                small = shrink_seed(cur, max_ops, lambda sp: checked(sp, cur).kind == kind, budget=80, gen=gen)
                 again = check_spec(small or spec)
                 if again.ok:  # failed once, passed on re-check: keep the first outcome, marked flaky
                     small, again = spec, Outcome(False, out.kind, out.variant, "flaky (passed on re-check): "

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..relax_utils import NOMINAL_EXTENT
+from .large import cpu_overrides
+from .rewrites import StreamWatch, taken
 from .spec import make_inputs, to_module
 
 TOL = {"float32": 1e-4, "float16": 2e-2}  # rtol; atol = rtol * max(1, max |reference|)
@@ -28,6 +30,7 @@ class Outcome:
     variant: str = ""
     detail: str = ""
     launches: dict = field(default_factory=dict)
+    rewrites: dict = field(default_factory=dict)  # the tvmfuse build's CPU rewrites (rewrites.taken)
 
     def __str__(self):
         return "ok" if self.ok else f"{self.kind} [{self.variant}] {self.detail}"
@@ -67,18 +70,31 @@ def _short_error(err: BaseException) -> str:
     return " | ".join(lines[-3:])[:600]
 
 
-def _run_all(spec, target, inputs):
-    """Build none / tvm / tvmfuse, then run them fused first: an output element a fused kernel fails to
-    write then holds stale memory, not (by luck) the reference's value from a buffer freed just before.
-    Returns (outputs, launches, failing Outcome or None)."""
+def _build(spec, target, variant, knobs, instruments=()):
+    """One variant's build, under the spec's CPU-table overrides ("cpu"; for the unfused reference
+    also "reference_cpu": large.py turns the rewrites off there)."""
     import tvmfuse
 
+    cpu = dict(spec.get("cpu") or {})
+    if variant == "none":
+        cpu.update(spec.get("reference_cpu") or {})
+    with cpu_overrides(cpu):
+        return tvmfuse.build(to_module(spec), target, variant, instruments=instruments, **knobs)
+
+
+def _run_all(spec, target, inputs, rewrites=None):
+    """Build none / tvm / tvmfuse, then run them fused first: an output element a fused kernel fails to
+    write then holds stale memory, not (by luck) the reference's value from a buffer freed just before.
+    `rewrites` (a dict) gets the tvmfuse build's rewrites. Returns (outputs, launches, failing Outcome or None)."""
     compiled, launches, outs = {}, {}, {}
     for variant in ("none", "tvm", "tvmfuse"):
         try:
             knobs = spec.get("knobs", {}) if variant == "tvmfuse" else {}
-            compiled[variant] = tvmfuse.build(to_module(spec), target, variant, **knobs)
+            watch = StreamWatch() if variant == "tvmfuse" else None
+            compiled[variant] = _build(spec, target, variant, knobs, [watch] if watch else ())
             launches[variant] = compiled[variant].launches
+            if watch is not None and rewrites is not None:
+                rewrites.update(taken(compiled[variant], spec, watch))
         except Exception as err:  # noqa: BLE001 - every failure is a finding, reported with its variant
             kind = "baseline" if variant == "none" else "build"
             return outs, launches, Outcome(False, kind, variant, f"{type(err).__name__}: {_short_error(err)}", launches)
@@ -96,10 +112,17 @@ def check_spec(spec: dict, target="llvm", input_seed: int = 0) -> Outcome:
     log = logging.getLogger("tvmfuse.fusion")
     level = log.level
     log.setLevel(logging.WARNING)  # one line per refused merge is too much for thousands of graphs
+    rewrites = {}
     try:
-        outs, launches, failed = _run_all(spec, target, make_inputs(spec, input_seed))
+        outs, launches, failed = _run_all(spec, target, make_inputs(spec, input_seed), rewrites)
     finally:
         log.setLevel(level)
+    out = _verdict(spec, target, input_seed, outs, launches, failed)
+    out.rewrites = rewrites
+    return out
+
+
+def _verdict(spec, target, input_seed, outs, launches, failed) -> Outcome:
     if failed:
         return failed
     tol = tolerance(spec)
@@ -107,7 +130,8 @@ def check_spec(spec: dict, target="llvm", input_seed: int = 0) -> Outcome:
         diff = compare(outs[variant], outs["none"], tol)
         if diff:
             return Outcome(False, "mismatch", variant, diff, launches)
-    if launches["tvmfuse"] > launches["tvm"] and not spec.get("knobs"):  # knobs may forbid what stock does
+    # knobs may forbid what stock does
+    if launches["tvmfuse"] > launches["tvm"] and not spec.get("knobs"):
         return Outcome(False, "launches", "tvmfuse",
                        f"tvmfuse {launches['tvmfuse']} launches > stock {launches['tvm']}", launches)
     if spec.get("symbolic"):

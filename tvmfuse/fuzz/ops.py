@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 
-from .gen import BINARY, UNARY, Graph, Val, _Reject, broadcast_shape, exp_bound
+from .graph import BINARY, UNARY, Graph, Val, _Reject, broadcast_shape, exp_bound
 
 GENERATORS = {}
 
@@ -302,6 +302,6 @@ def pad(g: Graph, op):
     for ax in (len(a.shape) - 2, len(a.shape) - 1):
         widths[2 * ax], widths[2 * ax + 1] = g.src.int(0, 2), g.src.int(0, 2)
     shape = tuple(d + widths[2 * i] + widths[2 * i + 1] for i, d in enumerate(a.shape))
-    if math.prod(shape) > 1024:
+    if math.prod(shape) > g.max_elems:
         raise _Reject("padded tensor too large")
     return g.emit("pad", [a], shape, a.bound, lo=min(a.lo, 0.0), pad_width=widths)

@@ -35,19 +35,19 @@ class ReplaySource:
         return lo if v < lo else v if v <= hi else lo + (v - lo) % (hi - lo + 1)
 
 
-def _still_fails(choices, max_ops, fails):
+def _still_fails(choices, max_ops, fails, gen=generate):
     try:
-        spec = generate(ReplaySource(choices), max_ops)
+        spec = gen(ReplaySource(choices), max_ops)
     except Exception:  # noqa: BLE001 - a candidate the generator cannot replay is not a smaller failure
         return None
     return spec if fails(spec) else None
 
 
-def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150):
+def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150, gen=generate):
     """The smallest spec found (within `budget` checks) that still `fails(spec)`; None if the
-    seed's graph does not fail."""
+    seed's graph does not fail. `gen`: the generator (gen.generate, large.generate_large)."""
     src = RecordingSource(seed)
-    best_spec = generate(src, max_ops)
+    best_spec = gen(src, max_ops)
     if not fails(best_spec):
         return None
     best, tries = src.choices, 0
@@ -59,7 +59,7 @@ def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150):
                 if v < best[i] and tries < budget:
                     cand = best[:i] + [v] + best[i + 1:]
                     tries += 1
-                    spec = _still_fails(cand, max_ops, fails)
+                    spec = _still_fails(cand, max_ops, fails, gen)
                     if spec is not None:
                         best, best_spec, improved = cand, spec, True
                         break
@@ -68,7 +68,7 @@ def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150):
             while i < len(best) and tries < budget:
                 cand = best[:i] + best[i + size:]
                 tries += 1
-                spec = _still_fails(cand, max_ops, fails)
+                spec = _still_fails(cand, max_ops, fails, gen)
                 if spec is not None:
                     best, best_spec, improved = cand, spec, True
                 else:
@@ -76,7 +76,7 @@ def shrink_seed(seed: int, max_ops: int, fails, budget: int = 150):
     return best_spec
 
 
-def hypothesis_search(seed: int, examples: int, max_ops: int, check, on_graph=None):
+def hypothesis_search(seed: int, examples: int, max_ops: int, check, on_graph=None, gen=generate):
     """Run hypothesis for `examples` graphs from `seed`; returns (minimal failing spec, outcome) or
     None. `check(spec) -> Outcome`; `on_graph(spec, outcome)` sees every graph tried, shrinks included."""
     from hypothesis import HealthCheck, given, settings
@@ -92,7 +92,7 @@ def hypothesis_search(seed: int, examples: int, max_ops: int, check, on_graph=No
               suppress_health_check=list(HealthCheck))
     @given(st.data())
     def run(data):
-        spec = generate(HypothesisSource(data), max_ops)
+        spec = gen(HypothesisSource(data), max_ops)
         out = check(spec)
         if on_graph:
             on_graph(spec, out)
