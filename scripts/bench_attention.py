@@ -99,14 +99,15 @@ def main(argv=None) -> int:
                      + f" | {r['gflops_tvmfuse']:.0f} | {r['vs_sdpa']:.2f}x | {r['vs_unfused']:.2f}x | "
                      + " / ".join(str(r["launches"][n]) for n in ("tvmfuse", "tvmfuse-unfused", "tvm"))
                      + " | " + ("ok" if all(r["ok"].values()) else "MISMATCH") + " |")
-    text = "\n".join(lines + ["", f"_{machine.describe(machine.record('llvm'))}_"])
+    record = machine.record("llvm")
+    text = "\n".join(lines + ["", f"_{machine.describe(record)}_"])
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(text + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": head, "machine": machine.record("llvm"), "rows": rows}, f, indent=1)
+            json.dump({"header": head, "machine": record, "rows": rows}, f, indent=1)
     return 0 if all(all(r["ok"].values()) for r in rows) else 1
 
 
