@@ -47,7 +47,8 @@ def test_summary_pass_rates_and_geomeans():
     assert s["tvmfuse_over"]["best peer"]["geomean"] == 1.4142  # sqrt(1/2 * 4/1): best peers 2 and 1
     assert s["backend"] == {"compiled": 1, "of": 2, "graph_breaks": 2}
     result = {"size": "tiny", "batch": 1, "command": "x", "rows": rows, "summary": s,
-              "machine": {"cpu": "c", "mcpu": "m", "cores": 2, "threads": 2, "commit": "abc", "versions": {}}}
+              "machine": {"cpu": "c", "mcpu": "m", "cores": 2, "logical_cpus": 2, "threads": 2, "caches": {},
+                          "commit": {"hash": "abc", "dirty": False}, "versions": {}}}  # runtime.machine.record's keys
     md = summary.markdown(result)
     assert "| build[tvmfuse] | 1 | 2 | 0.5 |" in md and "| best peer | 1.4142 | 2 |" in md
     json.dumps(result)

@@ -1,6 +1,6 @@
 """Side-by-side benchmark of the zoo across systems, measured in one process run.
 
-Contract: `run(names, size, systems, rounds, budget_s)` builds every (workload, system) pair,
+Contract: `measure_workload(name, size, systems, rounds, budget_s)` builds every (workload, system) pair,
 checks each system's outputs against the workload's numpy reference, then times all systems of a
 workload in interleaved rounds (system order rotated each round, so drift and noisy neighbours hit
 every system alike) and returns one `Row` per workload with the median per-call latency of each.

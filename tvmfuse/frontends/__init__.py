@@ -12,4 +12,4 @@ from .from_torch import from_torch
 
 from .relay_text import from_relay_text
 
-__all__ = ["from_torch", "from_onnx", "from_relay_text", "load", "load_model"]
+__all__ = ["from_torch", "from_onnx", "from_relay_text"]

@@ -13,7 +13,7 @@ def machine() -> dict:
     import numpy
     import tvm
 
-    from ..roofline import last_level_cache_bytes
+    from ..runtime.roofline import last_level_cache_bytes
 
     model = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                  platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()

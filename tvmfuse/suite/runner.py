@@ -2,7 +2,7 @@
 
 Stages (each its own entry in row["stages"]: ok, seconds, and on failure "ErrorClass: first line"):
   import    "import[torch.export]" (tvmfuse.from_torch) and "import[onnx]" (torch.onnx.export through
-            tvmfuse.baselines._export_onnx, then tvmfuse.from_onnx): both attempted.
+            tvmfuse.bench.baselines._export_onnx, then tvmfuse.from_onnx): both attempted.
   build     "build[tvm]" and "build[tvmfuse]" of the torch.export import (of the ONNX import when
             torch.export failed), through tvmfuse.bench._tvm_system (launches static and counted
             while running); "build[tvmfuse,onnx]" of the ONNX import.
@@ -10,7 +10,7 @@ Stages (each its own entry in row["stages"]: ok, seconds, and on failure "ErrorC
             ATOL[size] (1e-4 tiny, 1e-3 full: random weights, outputs of order 1).
   latency   full size only: medians of tvmfuse, tvm, onnxruntime, torch eager, torch.compile and
             torch.compile with Inductor's freezing, timed in ROUNDS interleaved rounds (order rotated)
-            of tvmfuse.bench._time; the peers are tvmfuse.baselines.model_peer's.
+            of tvmfuse.bench.core._time; the peers are tvmfuse.bench.baselines.model_peer's.
   backend   torch.compile(module, backend="tvmfuse"): torch._dynamo.explain's graphs and graph
             breaks (with reasons), then one compiled call: the warnings the backend logs on
             `tvmfuse.torch` (each a subgraph left to eager PyTorch, with its reason) and the numerics.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import logging
 import time
 
@@ -162,23 +163,6 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
     return row
 
 
-def _freezing_peer(module, arrays, threads):
-    """torch.compile with Inductor's freezing (weights folded as constants): (call, compile seconds)."""
-    import torch
-
-    torch.set_num_threads(threads)
-    fn = torch.compile(module, options={"freezing": True})
-    args = [torch.from_numpy(a) for a in arrays]
-
-    def call():
-        with torch.inference_mode():
-            return fn(*args).numpy()
-
-    t0 = time.perf_counter()
-    call()
-    return call, time.perf_counter() - t0
-
-
 def latency(name, module, arrays, ready, ref):
     """{system: median ms}, {system: why it has no number}; TVM builds from `ready`."""
     import statistics
@@ -190,11 +174,13 @@ def latency(name, module, arrays, ready, ref):
     threads = runtime_threads()
     calls = {s: ready[s].call for s in ("tvmfuse", "tvm") if s in ready}
     skipped = {}
-    m = _loaded(name, None, arrays, module, ref)
+    from ..zoo.workload import Workload
+
+    specs = [(f"x{i}", tuple(a.shape), str(a.dtype)) for i, a in enumerate(arrays)]
+    m = Workload(name, None, specs, lambda *x: ref, arrays=list(arrays), module=module, source="tvmfuse.suite")
     for system in ("onnxruntime", "torch", "torch.compile", "torch.compile+freezing"):
         try:
-            got = (_freezing_peer(module, arrays, threads) if system.endswith("freezing")
-                   else model_peer(m, system, threads))
+            got = model_peer(m, system, threads)  # the bench's peers, set up as the bench sets them
         except Exception as err:  # a peer that cannot run this model: the row says why
             got = error_line(err)
         if isinstance(got, str):
@@ -257,9 +243,10 @@ def main(argv=None):
     p.add_argument("--out", required=True, help="the row as JSON (rewritten after every stage)")
     a = p.parse_args(argv)
 
-    def emit(row):
-        with open(a.out, "w") as f:
+    def emit(row):  # whole rows only: a kill mid-write leaves the last complete one
+        with open(a.out + ".tmp", "w") as f:
             json.dump(row, f, indent=1, default=str)
+        os.replace(a.out + ".tmp", a.out)
 
     run_model(a.model, a.size, a.batch, tuple(a.stages.split(",")), emit)
 
