@@ -101,7 +101,9 @@ def test_idle_workers_sleep_soon_after_a_call():
     default does (the control, with TVM's default spin set by hand, shows the measure can fail)."""
     env = {k: v for k, v in _clean_env().items() if k != "TVM_THREAD_POOL_SPIN_COUNT"}
     assert _idle_cpu_ms(env) < 20
-    assert _idle_cpu_ms({**env, "TVM_THREAD_POOL_SPIN_COUNT": "300000"}) > 50
+    # the control crosses the same 20 ms line: TVM's 300000 yields burn ~75 ms on the AMD EPYCs and
+    # ~46 ms on the Intel Xeon (yields cost what the host makes them), against ~0.1 ms bounded
+    assert _idle_cpu_ms({**env, "TVM_THREAD_POOL_SPIN_COUNT": "300000"}) > 20
 
 
 def test_a_users_spin_count_is_kept():
