@@ -1,5 +1,6 @@
 """torch.compile(model, backend="tvmfuse") (issue 18, item 5): the graphs dynamo captures, static
 or dynamic=True, are built by tvmfuse and match eager; anything tvmfuse cannot take runs eagerly."""
+import copy
 import logging
 
 import pytest
@@ -196,18 +197,36 @@ def test_batch_norm_and_relu6_build_fold_and_match(caplog):
     assert compiled.launches == 1
 
 
-def test_training_batch_norm_runs_eagerly(caplog):
+def test_training_batch_norm_computes_batch_statistics():
     """Batch statistics (train mode without running stats: F.batch_norm(training=True)) are not
-    folded or computed by tvmfuse: the graph runs eagerly, with the reason."""
+    folded: TVM's FX importer refuses the graph, the ATen route (torch.export) compiles it, and the
+    batch's own statistics are used, as eager does."""
     torch._dynamo.reset()
     m = ConvBnRelu6().train()
     m.bn = torch.nn.BatchNorm2d(8, track_running_stats=False)
     x = torch.randn(2, 3, 9, 9)
+    builds = []
+    with torch.no_grad():
+        out = torch.compile(m, backend=_counting(builds))(x)
+        torch.testing.assert_close(out, m(x), rtol=1e-4, atol=1e-5)
+    assert builds[0] is not None
+
+
+def test_running_statistics_updates_run_eagerly(caplog):
+    """Train mode with running statistics updates BatchNorm's buffers in place: a compiled module
+    returns values only, so the graph runs eagerly, with the reason, and the buffers move as in eager."""
+    torch._dynamo.reset()
+    m = ConvBnRelu6().train()
+    x = torch.randn(2, 3, 9, 9)
+    ref = copy.deepcopy(m)
+    before = m.bn.running_mean.clone()
     with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
         out = torch.compile(m, backend="tvmfuse")(x)
-    assert "training=True" in caplog.text
-    with torch.no_grad():
-        torch.testing.assert_close(out, m(x))
+        expected = ref(x)
+    assert "in place" in caplog.text and "running_mean" in caplog.text
+    torch.testing.assert_close(out, expected)
+    assert not torch.equal(m.bn.running_mean, before)  # updated once, by the eager run, as eager updates it
+    torch.testing.assert_close(m.bn.running_mean, ref.bn.running_mean)
 
 
 class MaskOps(torch.nn.Module):

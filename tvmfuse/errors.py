@@ -34,6 +34,11 @@ class ConfigError(TvmfuseError, ValueError):
     """A config value that cannot be used (a TVMFUSE_* variable that is no int or bool)."""
 
 
+class BackendFallbackError(TvmfuseError, RuntimeError):
+    """torch.compile(backend="tvmfuse", options={"fallback": "error"}): a graph tvmfuse cannot
+    compile (the message says which and why), or a bad `fallback` option."""
+
+
 def fall_back_or_raise(log, err: BaseException, what: str, strict: bool) -> None:
     """For an error no contract expects, caught where a fallback exists (a schedule rule that
     raised, a pass that failed): a WARNING that names `what` and the error, then the caller falls

@@ -106,12 +106,20 @@ def from_torch(module, example_inputs, dynamic_shapes=None, *, params: str = "co
 
 
 def from_exported(ep, name: str, *, params: str = "constants", custom_convert_map=None, normalize: bool = True,
-                  dynamic: bool = False):
+                  dynamic: bool = False, pure: bool = False):
     """The tail of from_torch on a torch.export ExportedProgram (also the torch.compile backend's
-    path for dynamic graphs): decompositions, the converter check, TVM's importer, finish."""
+    ATen route, frontends/torch_aten.py): decompositions, the converter check, TVM's importer,
+    finish. `pure`: a program that updates a buffer or an input in place is a FrontendError (the
+    Relax module returns values only, so the update would be lost)."""
     from tvm.relax.frontend.torch import from_exported_program
 
     ep = ep.run_decompositions()
+    mutated = {**ep.graph_signature.buffers_to_mutate, **ep.graph_signature.user_inputs_to_mutate}
+    if pure and mutated:
+        names = ", ".join(sorted(set(mutated.values()))[:4])
+        raise FrontendError(f"{name} updates {names} in place (e.g. BatchNorm's running statistics in train mode); "
+                            "the compiled module returns values only, so it cannot run it (call model.eval() for "
+                            "inference)")
     convert_map = {**FIXES, **(custom_convert_map or {})}
     missing = unsupported_ops(ep, convert_map)
     if missing:

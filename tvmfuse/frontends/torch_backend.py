@@ -12,9 +12,12 @@ step, or rebound with `.data =`, runs eagerly with a warning), `buckets` (with d
 graph, or {dynamo symbol: sizes}; static versions for those sizes inside the one build, see
 tvmfuse.build), and any fusion knob (tvmfuse/config.py).
 
-A graph tvmfuse cannot take (an op the frontend does not convert, a build error, inputs on a GPU, a
-size the graph computes with) runs in eager PyTorch: the reason is logged on `tvmfuse.torch` and
-the model still runs. Recompiles on guard failures are dynamo's. `dynamic=True` graphs are built
+A graph TVM's FX importer cannot take goes the ATen route (frontends/torch_aten.py: torch.export,
+then TVM's ExportedProgram importer). A graph neither takes (a build error, inputs on a GPU, an
+in-place buffer update) runs in eager PyTorch and the model still runs: the first such graph of a
+model is a WARNING on `tvmfuse.torch`, later ones INFO, each graph's outcome is recorded
+(frontends/torch_records.py, `tvmfuse.explain(compiled_model)`), and `fallback="error"` raises
+BackendFallbackError instead. Recompiles on guard failures are dynamo's. `dynamic=True` graphs are built
 once with symbolic sizes (docs/dynamic-shapes.md) and run at every size dynamo sends them: each
 size symbol becomes a TIR var with the range dynamo's guards give it, the SymInt inputs dynamo adds
 are dropped (one the graph computes with, as transformers' BERT views and slices by the sequence
@@ -27,12 +30,19 @@ gaps of TVM's FX importer are bridged in frontends/torch_converters.py (`CONVERT
 from __future__ import annotations
 
 import logging
+import weakref
 
 import numpy as np
 import torch
+from torch._dynamo.symbolic_convert import InstructionTranslator
+from torch._guards import TracingContext
 from tvm.relax.frontend.torch.fx_translator import TorchFXImporter
 
 from ..build import build
+from ..errors import BackendFallbackError
+from . import torch_records
+from .torch_aten import import_aten
+from .torch_records import GraphRecord
 from .common import finish
 from ..relax_utils import GRAPH_LOCK
 from .torch_converters import CONVERTERS, importing
@@ -43,9 +53,24 @@ log = logging.getLogger("tvmfuse.torch")
 _BUILD_OPTIONS = ("fusion", "target", "tuning_logs", "buckets")
 
 
-def compile_graph(gm, example_inputs, options: dict | None = None):
-    """The compiled callable for one FX graph; raises on anything tvmfuse cannot take."""
+def _import_fx(gm, info, ranges):
+    """The graph through TVM's FX importer (with CONVERTERS), finished; raises what the importer raises."""
+    importer = TorchFXImporter()
+    with importing(importer, bound_analyzer(info, ranges)):  # the converters' state, this import's alone
+        mod = importer.from_fx(gm, info, False, True, False, custom_convert_map=CONVERTERS)
+    return finish(mod, "constants", True, ranges=ranges)
+
+
+def _first_line(err) -> str:
+    return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+
+
+def compile_graph(gm, example_inputs, options: dict | None = None, record: GraphRecord | None = None):
+    """The compiled callable for one FX graph; raises on anything tvmfuse cannot take. `record`
+    (torch_records) gets the route taken and each call that runs eagerly."""
     options = dict(options or {})
+    record = record or GraphRecord(("?", "?"), "?", 0)
+    record.route = "fx"
     build_kw = {k: options.pop(k) for k in _BUILD_OPTIONS if k in options}
     freeze = bool(options.pop("freeze", True))
     got, why = input_info(gm, example_inputs)
@@ -67,10 +92,14 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
                                  {name: t.detach() for name, t, _v in frozen.values()})
     with GRAPH_LOCK, torch.no_grad():
         ranges = symbol_ranges(example_inputs, info)
-        importer = TorchFXImporter()
-        with importing(importer, bound_analyzer(info, ranges)):  # the converters' state, this import's alone
-            mod = importer.from_fx(gm, info, False, True, False, custom_convert_map=CONVERTERS)
-    mod = finish(mod, "constants", True, ranges=ranges)
+        try:
+            mod = _import_fx(gm, info, ranges)
+        except Exception as err:  # noqa: BLE001 - the FX importer raises anything; the ATen route is next
+            record.fx_error = f"{type(err).__name__}: {_first_line(err)}"
+            log.info("tvmfuse backend: TVM's FX importer failed (%s); tracing the graph to ATen with torch.export",
+                     record.fx_error)
+            mod = import_aten(gm, [example_inputs[i] for i in keep], info, ranges)
+            record.route = "aten"
     compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                      tuning_logs=build_kw.get("tuning_logs"), name="torch_graph",
                      buckets=buckets_for(build_kw.get("buckets"), info), **options)
@@ -78,10 +107,12 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
     def run(*args):
         if any(args[i].item() != v for i, (_n, v) in scalars.items()):  # a baked float changed
             log.warning("tvmfuse backend: a float input changed since the build; this call runs eagerly")
+            record.calls_eager.append("a float input changed since the build")
             return eager(*args)
         if any(args[i] is not t or (t._version, t.data_ptr()) != v for i, (_n, t, v) in frozen.items()):
             log.warning("tvmfuse backend: a parameter changed since the build (it was baked in as a constant; "
                         "options={'freeze': False} keeps parameters as inputs); this call runs eagerly")
+            record.calls_eager.append("a parameter changed since the build")
             return eager(*args)
         out = compiled(*[args[i].detach().numpy() for i in keep])
         outs = out if isinstance(out, tuple) else (out,)
@@ -92,13 +123,37 @@ def compile_graph(gm, example_inputs, options: dict | None = None):
 
 
 def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
-    """The dynamo backend: the compiled graph, or `gm.forward` (eager) with a logged reason."""
+    """The dynamo backend: the compiled graph, or `gm.forward` (eager) with a logged reason; with
+    options={"fallback": "error"}, a graph tvmfuse cannot take raises BackendFallbackError instead."""
+    options = {**(options or {}), **kwargs}
+    fallback = options.pop("fallback", "eager")
+    if fallback not in ("eager", "error"):
+        raise BackendFallbackError(f"options={{'fallback': {fallback!r}}}: use 'eager' (the default: a graph "
+                                   "tvmfuse cannot take runs in eager PyTorch, logged) or 'error' (it raises)")
+    record = GraphRecord(_root(), str(gm.meta.get("dynamo_compile_id", "?")),
+                         sum(n.op.startswith("call_") for n in gm.graph.nodes), state=_state_ids(gm, example_inputs),
+                         owner=_owner())
     try:
-        fn = compile_graph(gm, example_inputs, {**(options or {}), **kwargs})
+        fn = compile_graph(gm, example_inputs, options, record)
     except Exception as err:  # noqa: BLE001 - any failure runs the graph eagerly, never breaks the model
-        log.warning("tvmfuse backend: graph left to eager PyTorch: %s: %s", type(err).__name__, err)
+        record.reason = f"{type(err).__name__}: {_first_line(err)}"
+        if record.fx_error and record.fx_error not in record.reason:
+            record.reason += f" (TVM's FX importer: {record.fx_error})"
+        first = torch_records.add(record)
+        if fallback == "error":
+            raise BackendFallbackError(f"tvmfuse backend: graph {record.compile_id} of {record.root[1]} cannot be "
+                                       f"compiled: {record.reason}") from err
+        if first:
+            log.warning("tvmfuse backend: graph %s of %s left to eager PyTorch: %s. tvmfuse.explain(compiled_model) "
+                        "lists every graph and what ran eagerly; options={'fallback': 'error'} raises instead",
+                        record.compile_id, record.root[1], record.reason)
+        else:
+            log.info("tvmfuse backend: graph %s of %s left to eager PyTorch: %s", record.compile_id, record.root[1],
+                     record.reason)
         log.debug("the failure", exc_info=True)
         return gm.forward
+    record.compiled = fn.compiled
+    torch_records.add(record)
     single = _returns_single(gm)
 
     def call(*args):
@@ -106,7 +161,28 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
         return outs[0] if single else outs
 
     call.compiled = fn.compiled
+    call.record = record
     return call
+
+
+def _state_ids(gm, example_inputs) -> frozenset:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return frozenset(id(t) for n, t in zip(placeholders, example_inputs)
+                     if isinstance(t, torch.Tensor) and is_module_state(n, t))
+
+
+def _owner():
+    """A weakref to the module whose frame dynamo is tracing (the `self` among its locals), or None."""
+    tx = InstructionTranslator.current_tx()
+    mod = next((v for v in getattr(tx, "f_locals", {}).values() if isinstance(v, torch.nn.Module)), None)
+    return weakref.ref(mod) if mod is not None else None
+
+
+def _root() -> tuple:
+    """(file, function) of the frame dynamo is compiling (torch_records.root_of)."""
+    tc = TracingContext.try_get()
+    codes = getattr(tc, "traced_code", None) or [None]
+    return torch_records.root_of(codes[0])
 
 
 def _returns_single(gm) -> bool:

@@ -143,9 +143,9 @@ def without_size_inputs(gm, drop, scalars, sizes=None, frozen=None):
     constant (folded and pre-packed at build instead of copied in on every call)."""
     graph = copy.deepcopy(gm.graph)
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
-    for k, name in enumerate(frozen or {}):
+    for name in frozen or {}:
         with graph.inserting_before(placeholders[name]):
-            attr = graph.get_attr(f"_tvmfuse_frozen_{k}")
+            attr = graph.get_attr(f"_tvmfuse_frozen_{name}")
         placeholders[name].replace_all_uses_with(attr)
         graph.erase_node(placeholders.pop(name))
     last = [n for n in graph.nodes if n.op == "placeholder"][-1]
@@ -173,5 +173,5 @@ def without_size_inputs(gm, drop, scalars, sizes=None, frozen=None):
             for part in n.target.split("."):
                 obj = getattr(obj, part)
             root[n.target] = obj
-    root.update({f"_tvmfuse_frozen_{k}": t for k, t in enumerate(frozen.values())})
+    root.update({f"_tvmfuse_frozen_{name}": t for name, t in frozen.items()})
     return torch.fx.GraphModule(root, graph)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import config
+from ..frontends import torch_records
 from .fuse_groups_te import FuseGroupsTE
 
 
@@ -32,5 +33,11 @@ def plan_of(mod_or_compiled, target="llvm", **knobs):
 def explain(mod_or_compiled, target="llvm", **knobs) -> str:
     """Text: every fused group with the op classes inside, every group TE lowering refused, and every
     refused merge with its rule. Of a `Compiled`, its own plan; of a module, the plan of a tvmfuse
-    build for `target`."""
+    build for `target`. Of a torch model (`torch.compile(model, backend="tvmfuse")` or the model
+    itself, after a call): every graph dynamo gave the backend, compiled by tvmfuse or eager with its
+    reason (frontends/torch_records.py)."""
+    if callable(getattr(mod_or_compiled, "modules", None)):  # a torch.nn.Module or torch.compile's wrapper
+        if knobs:
+            raise TypeError("explain of a torch model takes no knobs: it reports what the backend did")
+        return torch_records.report(mod_or_compiled)
     return plan_of(mod_or_compiled, target, **knobs)[1].explain()

@@ -12,8 +12,9 @@ Stages (each its own entry in row["stages"]: ok, seconds, and on failure "ErrorC
             torch.compile with Inductor's freezing, timed in ROUNDS interleaved rounds (order rotated)
             of tvmfuse.bench.core._time; the peers are tvmfuse.bench.baselines.model_peer's.
   backend   torch.compile(module, backend="tvmfuse"): torch._dynamo.explain's graphs and graph
-            breaks (with reasons), then one compiled call: the warnings the backend logs on
-            `tvmfuse.torch` (each a subgraph left to eager PyTorch, with its reason) and the numerics.
+            breaks (with reasons), then one compiled call: the backend's record of each graph
+            (frontends/torch_records.py: eager ones with their reasons, and how many took the
+            ATen route) and the numerics.
 
 Weights: the model's own `_init_weights` (AutoModel.from_config: normal(0, initializer_range)),
 then tvmfuse.suite.archs._spread (constant parameters spread by 2%, BatchNorm statistics
@@ -28,12 +29,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import logging
 import time
 
 import numpy as np
 
 from . import archs
+from ..frontends import torch_records
 
 STAGES = ("import", "build", "numerics", "latency", "backend")
 ATOL = {"tiny": 1e-4, "full": 1e-3}
@@ -195,15 +196,6 @@ def latency(name, module, arrays, ready, ref):
     return {s: round(statistics.median(v) * 1e3, 4) for s, v in samples.items()}, skipped
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
 def backend(module, tensors, ref, size) -> dict:
     """torch.compile(backend="tvmfuse") on the module: graphs, graph breaks, eager subgraphs and why."""
     import torch
@@ -214,19 +206,13 @@ def backend(module, tensors, ref, size) -> dict:
     out = {"graphs": exp.graph_count, "graph_breaks": exp.graph_break_count,
            "break_reasons": sorted({str(b.reason).splitlines()[0][:200] for b in exp.break_reasons})}
     torch._dynamo.reset()
-    logger, handler = logging.getLogger("tvmfuse.torch"), _Records()
-    level = logger.level
-    logger.addHandler(handler)
-    logger.setLevel(logging.INFO)
-    try:
-        fn = torch.compile(module, backend="tvmfuse")
-        with torch.inference_mode():
-            got = fn(*tensors).numpy()
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-    eager = [r.getMessage().splitlines()[0][:300] for r in handler.records if r.levelno >= logging.WARNING]
-    out.update(eager_subgraphs=len(eager), eager_reasons=eager, compiled=not eager)
+    fn = torch.compile(module, backend="tvmfuse")
+    with torch.inference_mode():
+        got = fn(*tensors).numpy()
+    records = torch_records.of_model(module)
+    eager = [r.reason for r in records if r.eager]
+    out.update(eager_subgraphs=len(eager), eager_reasons=eager, compiled=bool(records) and not eager,
+               aten_route=sum(r.route == "aten" for r in records))
     try:
         out["max_err"] = compare(got, ref, size)
     except AssertionError as err:
