@@ -21,21 +21,30 @@ Packed copies of an operand (a transposed weight) stay separate stages, schedule
 """
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import s_tir
 
-from ..common import block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction
+from ..common import (block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction,
+                      uniform_index_dtype)
 from ..epilogue_join import join_tile, spatial_points
 from .. import row_chain
 from ..row_chain import is_output
 from ..rule import ScheduleRule
 from ..targets import CPU, target_cores
 
+log = logging.getLogger("tvmfuse.schedule")
+
 
 class Matmul(ScheduleRule):
     name = "cpu.Matmul"
 
     def apply(self, func, target):
+        func = uniform_index_dtype(func)  # one index dtype, before pad_einsum builds buffers from both
+        if func is None:
+            log.debug("%s declines: int32 and int64 indices that cannot be narrowed to int32", self.name)
+            return None
         sch = s_tir.Schedule(func)
         found = single_reduction(sch)
         if found is None or not _is_matmul(sch, found[1]):
