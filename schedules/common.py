@@ -1,6 +1,7 @@
 """Helpers shared by the schedule rules: vector lanes, inlining, loop scheduling, stage shapes."""
 from __future__ import annotations
 
+import numpy as np
 import tvm
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
@@ -103,6 +104,8 @@ def schedule_spatial_block(sch, block_rv):
     loops = sch.get_loops(block_rv)
     if not loops:  # a 0-d output (the divide of a full mean): nothing to parallelise
         return
+    if 0 in (extent(sch, lp) for lp in loops):  # an empty output (a slice of width 0): nothing runs,
+        return  # and fuse would fold the zero extent into a division by zero
     if _tile_transpose(sch, block_rv, loops):
         return
     n = lanes(block_bits(sch, block_rv))
@@ -240,3 +243,37 @@ def pack_at_build_time(sch, block_rv) -> bool:
     sch.annotate(block_rv, "meta_schedule.layout_rewrite_preproc", True)
     sch.annotate(sch.get_sblock("root"), "tvmfuse.prepack", True)  # what PrepackWeights looks for
     return True
+
+
+def uniform_index_dtype(func):
+    """`func` with one index dtype: itself when its buffer shapes and loop and iteration variables
+    agree already; narrowed to int32 (TVM's ForceNarrowIndexToInt32) when they mix int32 and int64
+    (a TOPI stage that indexes in int32, a conv1d, fused with int64 ones), since the primitives that
+    build a buffer from both (pad_einsum's padded copy, then transform_layout on it) raise on the
+    mix; None when narrowing could change the math: a symbolic shape or a scalar parameter, a
+    buffer of 2^31 elements or more, a buffer that holds integers."""
+    import tvm_ffi
+
+    buffers, dtypes = list(func.params), set()
+
+    def block(b):
+        buffers.extend(b.alloc_buffers)
+        dtypes.update(str(iv.var.ty) for iv in b.iter_vars)
+        return b
+
+    def loop(f):
+        dtypes.add(str(f.loop_var.ty))
+        return f
+
+    tvm_ffi.structural_map(func.body, [(tvm.s_tir.SBlock, block), (tvm.tirx.For, loop)], order="post")
+    shapes = [getattr(b, "shape", None) for b in buffers]
+    dtypes.update(str(d.ty) for shape in shapes if shape is not None for d in shape)
+    if len(dtypes) <= 1:
+        return func
+    floats = all(b.ty.dtype.matches_code(tvm.runtime.DataTypeCode.FLOAT, tvm.runtime.DataTypeCode.BFLOAT)
+                 for b, shape in zip(buffers, shapes) if shape is not None)
+    if not floats or any(s is None or not all(isinstance(d, tvm.tirx.IntImm) for d in s) for s in shapes):
+        return None
+    if any(int(np.prod([int(d) for d in s], dtype=np.int64)) >= 2**31 for s in shapes):
+        return None
+    return tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]

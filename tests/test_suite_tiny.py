@@ -8,12 +8,7 @@ import pytest
 from tvmfuse.suite import archs
 from tvmfuse.suite.runner import ATOL, RTOL, check_init
 
-XFAIL = {  # name -> reason; at most 2
-    "convbert": "cpu.Matmul raises TVM InternalError (int32 and int64 indices for one buffer) on "
-                "fused_conv1d_add_permute_dims_multiply_broadcast_to; the tests' strict mode fails the build",
-    "phi3": "cpu.Matmul raises TVM InternalError (divide by zero) on "
-            "fused_matmul_reshape_strided_slice_permute_dims_negative; the tests' strict mode fails the build",
-}
+XFAIL: dict[str, str] = {}  # name -> reason; at most 2
 
 
 def _param(name):

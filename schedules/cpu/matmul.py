@@ -8,8 +8,10 @@ copies before it, an elementwise epilogue after it). It returns the function sch
 (decline) for any other shape. Ragged M or N are padded to whole tiles (pad_einsum, zero-filled
 operand copies; only the write-back is predicated); a symbolic M (a dynamic batch or sequence) is
 padded the same way, at run time. A packing of a weight that is a constant at
-every call is marked to run at build time (passes/prepack_weights.py). Every primitive it uses
-keeps the math; only the loop order and the padding (never read back) change.
+every call is marked to run at build time (passes/prepack_weights.py). A function that mixes int32
+and int64 indices (a TOPI stage that indexes in int32, fused with int64 ones) is narrowed to int32
+first, or declined where that could change the math (common.uniform_index_dtype). Every primitive
+it uses keeps the math; only the loop order and the padding (never read back) change.
 
 Schedule (constants in targets.CPU):
   for b, j0 in parallel:                 # a panel of B (K x NR) stays in L2 across all of i0
@@ -21,21 +23,30 @@ Packed copies of an operand (a transposed weight) stay separate stages, schedule
 """
 from __future__ import annotations
 
+import logging
+
 import tvm
 from tvm import s_tir
 
-from ..common import block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction
+from ..common import (block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction,
+                      uniform_index_dtype)
 from ..epilogue_join import join_tile, spatial_points
 from .. import row_chain
 from ..row_chain import is_output
 from ..rule import ScheduleRule
 from ..targets import CPU, target_cores
 
+log = logging.getLogger("tvmfuse.schedule")
+
 
 class Matmul(ScheduleRule):
     name = "cpu.Matmul"
 
     def apply(self, func, target):
+        func = uniform_index_dtype(func)  # one index dtype, before pad_einsum builds buffers from both
+        if func is None:
+            log.debug("%s declines: int32 and int64 indices that cannot be narrowed to int32", self.name)
+            return None
         sch = s_tir.Schedule(func)
         found = single_reduction(sch)
         if found is None or not _is_matmul(sch, found[1]):
