@@ -29,6 +29,28 @@ def built(name, fusion, target="llvm", size="small"):
     return _BUILDS[key]
 
 
+_MODELS = {}
+
+
+def real_model(name, size="small"):
+    """Real-model cache shared by the test files (tvmfuse.zoo.models: each import is a torch.export
+    and a constant fold, 1-5 s; bert-tiny, gpt2-tiny, llama-tiny and resnet-tiny are read by several
+    files). Tests only read the Workload and its module."""
+    from tvmfuse.zoo import models
+
+    if (name, size) not in _MODELS:
+        _MODELS[name, size] = models.get(name, size)
+    return _MODELS[name, size]
+
+
+def built_model(name, fusion, size="small"):
+    """Build cache of real_model(name, size) under `fusion` for llvm, shared like `built`."""
+    key = ("model", name, fusion, size)
+    if key not in _BUILDS:
+        _BUILDS[key] = tvmfuse.build(real_model(name, size).mod, "llvm", fusion)
+    return _BUILDS[key]
+
+
 def assert_matches(out, ref, rtol, atol):
     out = out if isinstance(out, tuple) else (out,)
     ref = ref if isinstance(ref, tuple) else (ref,)

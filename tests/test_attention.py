@@ -13,6 +13,7 @@ import tvmfuse
 from tvmfuse.zoo import workloads
 from tvmfuse.relax_utils import call_tir_sites
 from tvmfuse.runtime.metrics import bytes_moved
+from conftest import built_model, real_model
 
 
 def _attention_kernels(c):
@@ -90,8 +91,8 @@ def test_bytes_moved_are_the_minimal_bytes(mask):
 
 @pytest.mark.parametrize("name", ["bert-tiny", "gpt2-tiny", "bert-tiny-onnx", "llama-tiny"])
 def test_real_models_get_one_attention_kernel_per_layer(name):
-    m = tvmfuse.load(name)
-    c = tvmfuse.build(m.mod, "llvm", "tvmfuse")
+    m = real_model(name)  # tvmfuse.load(name), shared with the other files
+    c = built_model(name, "tvmfuse")
     assert len(_attention_kernels(c)) == 2  # two layers
     assert set(_rules(c).values()) == {"cpu.Attention"}
     ins = m.inputs()

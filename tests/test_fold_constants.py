@@ -54,6 +54,15 @@ def test_fold_golden():
     tvm.ir.assert_structural_equal(after, expected)
 
 
+def test_bindings_only_the_folded_ones_read_are_dropped_at_once():
+    """v and a feed only s: once s is a constant they are dead, and dropped by the pass itself (not
+    left for TVM's FoldConstant, which would build one module for each, before DCE drops them)."""
+    after = FoldConstantsOnce(_bind(Normalize, var=VAR, eps=np.float32(0)))
+    (block,) = after["main"].body.blocks
+    kinds = [(b.var.name, isinstance(b.value, tvm.ir.expr.Constant)) for b in block.bindings]
+    assert kinds == [("s", True), ("o", False)], kinds
+
+
 def test_one_build_for_every_folded_binding(monkeypatch):
     builds = []
     real = relax.build

@@ -11,24 +11,17 @@ ort = pytest.importorskip("onnxruntime")
 import tvmfuse  # noqa: E402
 from tvmfuse.zoo import models  # noqa: E402
 from tvmfuse.errors import FrontendError, InputError  # noqa: E402
+from conftest import built_model, real_model  # noqa: E402
 
 MODELS = [m for m in models.names() if m not in models.FULL_SIZE]  # full size: test_full_models.py
 VARIANTS = ("none", "tvm", "tvmfuse")
 
-_CACHE = {}
-
-
 def loaded(name):
-    if name not in _CACHE:
-        _CACHE[name] = models.get(name, "small")
-    return _CACHE[name]
+    return real_model(name)
 
 
 def built(name, variant):
-    key = (name, variant)
-    if key not in _CACHE:
-        _CACHE[key] = tvmfuse.build(loaded(name).mod, "llvm", variant)
-    return _CACHE[key]
+    return built_model(name, variant)
 
 
 def _case(name, variant):

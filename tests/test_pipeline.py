@@ -12,6 +12,7 @@ from tvmfuse.zoo import workloads
 from tvmfuse.errors import ConfigError, UnknownKnobError
 from tvmfuse.fusion.plan import Plan
 from tvmfuse.fusion.te_compose import NotComposable
+from conftest import real_model
 
 DEBUG_FILES = {"00_input.py", "10_classified.txt", "20_plan.json", "30_fused.py", "40_scheduled.py",
                "50_source.ll", "pass_timing.txt"}
@@ -152,7 +153,7 @@ def test_debug_dir_for_a_zoo_workload_and_a_real_model(tmp_path, monkeypatch):
     assert c.debug_folder == str(tmp_path / "001-layernorm_decomposed-tvmfuse")
     _check_debug_folder(c.debug_folder, "tvmfuse")
     monkeypatch.delenv("TVMFUSE_DEBUG_DIR")
-    m = tvmfuse.load_model("resnet-tiny")
+    m = real_model("resnet-tiny")  # tvmfuse.load_model("resnet-tiny"), shared with the other files
     c = tvmfuse.build(m.mod, "llvm", "tvm", debug_dir=tmp_path, name="resnet-tiny")
     assert os.path.basename(c.debug_folder) == "002-resnet-tiny-tvm"
     _check_debug_folder(c.debug_folder, "tvm")

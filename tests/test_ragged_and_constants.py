@@ -18,6 +18,7 @@ import tvmfuse
 from schedules.targets import cpu_table
 from tvmfuse.passes.fold_batch_norm import FoldBatchNorm
 from tvmfuse.passes.prepack_weights import PREPROC
+from conftest import real_model
 
 RNG = np.random.default_rng(7)
 
@@ -247,9 +248,7 @@ def test_fold_batch_norm_must_not_fire(case):
 
 
 def test_resnet_tiny_has_no_batch_norm_arithmetic_left():
-    from tvmfuse.zoo import models
-
-    w = models.get("resnet-tiny", "small")
+    w = real_model("resnet-tiny")
     mod = tvmfuse.prepare(w.mod, "llvm", "none")
     names = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert not [n for n in names if n.startswith(("subtract", "divide", "multiply"))], names

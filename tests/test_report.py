@@ -19,6 +19,7 @@ import tvmfuse
 from tvmfuse import cli
 from tvmfuse.report import html as report, viz
 from tvmfuse.zoo import workloads
+from conftest import real_model
 from tvmfuse.pipeline import fold_constants
 from tvmfuse.runtime.metrics import bytes_moved, dynamic_launches, kernel_profile
 
@@ -219,7 +220,7 @@ def test_a_kernel_shared_by_layers_names_its_first_group_and_the_rest():
     """bert-tiny's two layers share their kernels: each shared kernel's row names its first group
     and how many more, and lists the ops of every call (no op in two rows)."""
     pytest.importorskip("transformers")
-    w = tvmfuse.load("bert-tiny")
+    w = real_model("bert-tiny")  # tvmfuse.load("bert-tiny"), shared with the other files
     cmp = tvmfuse.compare(w.mod, w.inputs(), "llvm", name="bert-tiny", variants=("tvmfuse",))
     e = report.profile(report.Entry("bert-tiny", w.mod, cmp, w.inputs()), "llvm")
     fg = viz.fusion_graph(e.mod)

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 from tvmfuse.passes.shrink_constant_operands import ShrinkConstantOperands
+from conftest import built_model, real_model
 
 X = (1, 2, 4, 4)
 
@@ -106,11 +107,8 @@ def test_berts_all_zero_mask_leaves_its_attention_kernel():
     """bert-tiny called without an attention_mask: transformers' [1, 1, S, S] mask folds to zeros.
     The pass drops it, so the fused attention kernel has no mask step (no gather per score vector),
     and the model still matches PyTorch."""
-    import tvmfuse
-    from tvmfuse.zoo import models
-
-    m = models.get("bert-tiny", "small")
-    c = tvmfuse.build(m.mod, "llvm", "tvmfuse")
+    m = real_model("bert-tiny")
+    c = built_model("bert-tiny", "tvmfuse")
     specs = [json.loads(str(f.attrs["tvmfuse.attention"])) for _, f in c.mod.functions_items()
              if isinstance(f, tvm.tirx.PrimFunc) and f.attrs and "tvmfuse.attention" in f.attrs]
     assert specs and all([s[0] for s in spec["steps"]] == ["mul"] for spec in specs), specs

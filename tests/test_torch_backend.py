@@ -8,6 +8,7 @@ import torch
 import tvm
 
 from tvmfuse.frontends import torch_backend
+from conftest import real_model
 
 
 class Block(torch.nn.Module):
@@ -260,10 +261,8 @@ def test_tiny_models_build_without_eager_fallback(name, caplog):
     """transformers' GPT-2 (its mask code), ResNet (BatchNorm as a function) and Llama
     (torch._C._log_api_usage_once in its mask code) ran eagerly under the backend before; now each
     is one tvmfuse build that matches eager."""
-    from tvmfuse.zoo import models
-
     torch._dynamo.reset()
-    w = models.get(name, "small")
+    w = real_model(name)
     x = [torch.from_numpy(a) for a in w.inputs()]
     builds = []
     with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
@@ -303,10 +302,8 @@ def test_gpt2_dynamic_compiles_once_and_matches_eager(caplog):
     """transformers' GPT-2 under dynamic=True: one symbolic build for every length (its mask code's
     diff, advanced indexing and size-valued tensors, its GELU's sqrt of a lifted float)."""
     pytest.importorskip("transformers")
-    from tvmfuse.zoo import models
-
     torch._dynamo.reset()
-    w = models.get("gpt2-tiny", "small")
+    w = real_model("gpt2-tiny")
     builds = []
     cm = torch.compile(w.module, backend=_counting(builds), dynamic=True)
     first = lambda o: o if isinstance(o, torch.Tensor) else o[0]
