@@ -18,6 +18,16 @@ from tvmfuse.install import install_once
 # default size). Import itself sets nothing: tests/test_import_side_effects.py checks that.
 install_once()
 
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (setup.cfg): one test worker per core, at most 4 (each worker holds torch, TVM and
+    the models it built; most tests run one thread at a time, so a core per worker is what helps)."""
+    from tvmfuse.target import num_cores
+
+    return max(1, min(4, num_cores()))
+
+
 _BUILDS = {}
 
 
