@@ -1,0 +1,267 @@
+"""Training through `torch.compile(model, backend="tvmfuse")`: forward and backward as two ATen
+graphs, each built by tvmfuse.
+
+The dispatcher (frontends/torch_backend.py) sends a graph here when autograd needs it, by the rule
+AOTAutograd itself uses: grad mode is on and some graph input requires grad (the parameters do,
+whether the model is in train or eval mode). Under `torch.no_grad()` the inference route (frozen
+parameters) is taken as before.
+
+The route: `torch._dynamo.backends.common.aot_autograd` with core-ATen decompositions (so the
+backward's ops, threshold_backward, native_layer_norm_backward, gelu_backward, ..., arrive as the
+plain arithmetic, sums and mms TVM's ExportedProgram importer converts; the normalizations whose
+saved statistics TVM's converters drop are decomposed by torch too, `_DECOMPOSED`) and AOTAutograd's default
+partitioner (forward saves what backward reads; nothing is recomputed). Each ATen graph (the
+forward, the backward, and the inference graph AOT makes when no gradient is needed after all) goes
+through `compile_aten_graph`: parameters are inputs, never frozen, so an optimizer step between
+calls is correct.
+
+Import: the ATen route of the inference backend (frontends/torch_aten.py `import_aten`: torch.export
+of the graph, then `from_exported`). AOT's graphs are already functional core ATen, so export traces
+them again unchanged (its decompositions have nothing left to do), and the converter check, TVM's
+importer, the torch fixes and `finish` are shared with every other torch import. Driving TVM's
+ExportedProgramImporter directly would need a hand-made ExportedProgram (graph signature, range
+constraints) for the same result. Before export, a graph's outputs are reduced to what TVM computes:
+`None` (the gradient of an input that needs none) and an input returned as is (a parameter the
+forward saves for the backward) are handed back by the runtime wrapper without the compiled module,
+and an output returned twice is computed once. AOT's compilers get FakeTensors: export gets zeros of
+the same shapes and dtypes.
+
+Outputs keep the strides AOT recorded for them (a saved `permute` is returned with its strides), so
+AOT's view replay and the backward see the layout they traced.
+
+What runs eagerly (a graph with symbolic sizes, a CPU-less input, an op TVM cannot convert, a
+build error) is the ATen graph itself, recorded with its reason like the inference route's graphs
+(frontends/torch_records.py: kind "forward" / "backward" / "inference"). A model on a GPU never
+reaches AOT: its dynamo graph runs eagerly. `create_graph=True` gets first-order gradients from the
+compiled backward and a WARNING: AOTAutograd (Inductor's route too) refuses a second backward
+through them with its RuntimeError; `options={"autograd": "eager"}` runs such models' graphs in
+eager PyTorch instead.
+
+For benchmarks: `compile_training(model, *inputs)` returns the compiled forward and backward
+`Compiled` objects of a model's single graph (launch counts, plans, kernel profiles).
+"""
+from __future__ import annotations
+
+import copy
+import logging
+
+import numpy as np
+import torch
+
+from ..build import build
+from . import torch_records
+from .torch_aten import import_aten
+from .torch_records import GraphRecord
+
+log = logging.getLogger("tvmfuse.torch")
+
+_BUILD_OPTIONS = ("fusion", "target", "tuning_logs")
+_NOT_FOR_TRAINING = ("freeze", "buckets")  # inference options a training graph ignores (nothing frozen, static)
+# decomposed by torch before export: TVM 0.27's converters of the normalizations return the
+# normalized output only (the mean and rstd native_layer_norm returns are lost;
+# _native_batch_norm_legit_functional's saved statistics and new running variance are zeros), and
+# the backward reads them
+_DECOMPOSED = ("native_layer_norm", "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
+               "native_batch_norm", "native_group_norm")
+
+
+def wants_autograd(example_inputs) -> bool:
+    """AOTAutograd's rule: grad mode on and some tensor input requires grad."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs)
+
+
+def refusal(example_inputs) -> str:
+    """Why a graph cannot go the training route at all ('' when it can): an input off the CPU."""
+    for i, t in enumerate(example_inputs):
+        if isinstance(t, torch.Tensor) and t.device.type != "cpu":
+            return (f"input {i} is on {t.device}; the tvmfuse backend trains on the CPU (move the model and "
+                    "inputs with .cpu(), or compile for the GPU with another backend)")
+    return ""
+
+
+def _plan_outputs(gm):
+    """(how each output is produced: ("none",), ("input", i) or ("computed", k, strides or None);
+    the computed nodes in order): None, inputs and duplicates are not computed."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    values = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    specs, computed = [], []
+    for v in values:
+        if v is None:
+            specs.append(("none",))
+        elif not isinstance(v, torch.fx.Node):
+            raise NotImplementedError(f"the graph returns a {type(v).__name__} ({v!r}), not a tensor")
+        elif v.op == "placeholder":
+            specs.append(("input", placeholders.index(v)))
+        else:
+            if v not in computed:
+                computed.append(v)
+            val = v.meta.get("val")
+            strides = None
+            if isinstance(val, torch.Tensor) and not val.is_contiguous():
+                strides = tuple(int(s) for s in val.stride())
+            specs.append(("computed", computed.index(v), strides))
+    return specs, computed
+
+
+def _computing_graph(gm, computed):
+    """A copy of `gm` that returns the computed outputs only (a tuple)."""
+    graph = copy.deepcopy(gm.graph)
+    names = [n.name for n in computed]
+    nodes = {n.name: n for n in graph.nodes}
+    out = next(n for n in graph.nodes if n.op == "output")
+    out.args = (tuple(nodes[n] for n in names),)
+    graph.eliminate_dead_code()
+    return torch.fx.GraphModule(gm, graph)
+
+
+def _info(example_inputs):
+    """[(shape, dtype)] of the inputs; NotImplementedError for what this route does not take."""
+    info = []
+    for i, t in enumerate(example_inputs):
+        if not isinstance(t, torch.Tensor):
+            raise NotImplementedError(f"input {i} is a {type(t).__name__} (a symbolic size: training graphs are "
+                                      "compiled with static shapes only)")
+        if t.device.type != "cpu":
+            raise NotImplementedError(f"input {i} is on {t.device}; the tvmfuse backend trains on the CPU")
+        if any(not isinstance(d, int) for d in t.shape):
+            raise NotImplementedError(f"input {i} has symbolic sizes {list(t.shape)} (training graphs are compiled "
+                                      "with static shapes only)")
+        info.append((tuple(int(d) for d in t.shape), str(t.dtype).replace("torch.", "")))
+    return info
+
+
+def compile_aten_graph(gm, example_inputs, options: dict | None = None):
+    """(boxed callable, Compiled or None) for one ATen graph AOTAutograd made; raises on anything
+    tvmfuse cannot take (the caller runs the graph eagerly)."""
+    options = {k: v for k, v in (options or {}).items() if k not in _NOT_FOR_TRAINING}
+    build_kw = {k: options.pop(k) for k in _BUILD_OPTIONS if k in options}
+    info = _info(example_inputs)
+    specs, computed = _plan_outputs(gm)
+    compiled = None
+    if computed:
+        real = [torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in info]
+        with torch.no_grad():
+            mod = import_aten(_computing_graph(gm, computed), real, info, {})
+        compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
+                         tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
+
+    def run(args):
+        arrays = [a.detach().numpy() for a in args]
+        args = list(args)
+        outs = compiled(*arrays) if compiled is not None else ()
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        results = []
+        for spec in specs:
+            if spec[0] == "none":
+                results.append(None)
+            elif spec[0] == "input":
+                results.append(args[spec[1]])
+            else:
+                t = torch.from_numpy(np.ascontiguousarray(outs[spec[1]]))
+                if spec[2] is not None:  # the layout AOT traced (a saved transpose)
+                    t = torch.empty_strided(t.shape, spec[2], dtype=t.dtype).copy_(t)
+                results.append(t)
+        return results
+
+    return run, compiled
+
+
+def _boxed(fn):
+    """AOTAutograd's calling convention: one list of arguments, which the callee may free."""
+    def call(args):
+        items = list(args)
+        args.clear()
+        return fn(items)
+
+    call._boxed_call = True
+    return call
+
+
+def _eager(gm):
+    return _boxed(lambda items: gm(*items))
+
+
+def _compiler(kind: str, options: dict, fallback: str, new_record):
+    """AOTAutograd's compiler for one kind of graph ("forward", "backward", "inference"): the
+    tvmfuse build, or on failure the graph itself (eager), recorded either way."""
+    def compile_one(gm, example_inputs):
+        record = new_record(kind, sum(n.op == "call_function" for n in gm.graph.nodes))
+        record.route = "aot"
+        try:
+            fn, compiled = compile_aten_graph(gm, example_inputs, options)
+        except Exception as err:  # noqa: BLE001 - never break training: the ATen graph runs eagerly
+            return _refused(gm, record, err, fallback)
+        record.compiled = compiled
+        torch_records.add(record)
+        if kind == "backward":
+            fn = _warn_on_create_graph(fn, record)
+        call = _boxed(fn)
+        call.compiled, call.record = compiled, record
+        return call
+
+    return compile_one
+
+
+def _refused(gm, record, err, fallback):
+    from ..errors import BackendFallbackError
+
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+    record.reason = f"{type(err).__name__}: {first}"
+    first_of_model = torch_records.add(record)
+    if fallback == "error":
+        raise BackendFallbackError(f"tvmfuse backend: the {record.kind} graph {record.compile_id} of {record.root[1]} "
+                                   f"cannot be compiled: {record.reason}") from err
+    (log.warning if first_of_model else log.info)(
+        "tvmfuse backend: the %s graph %s of %s runs in eager PyTorch: %s. tvmfuse.explain(compiled_model) lists "
+        "every graph", record.kind, record.compile_id, record.root[1], record.reason)
+    log.debug("the failure", exc_info=err)
+    call = _eager(gm)
+    call.compiled, call.record = None, record
+    return call
+
+
+def _warn_on_create_graph(fn, record):
+    """The backward, with a WARNING when it runs under create_graph=True (grad mode on)."""
+    def run(items):
+        if torch.is_grad_enabled():
+            note = ("create_graph=True: the gradients come from the compiled backward, but a second backward "
+                    "through them raises (AOTAutograd does not support double backward); compile with "
+                    "options={'autograd': 'eager'} to run this model's training graphs in eager PyTorch")
+            if note not in record.notes:
+                log.warning("tvmfuse backend: %s", note)
+                record.notes.append(note)
+        return fn(items)
+
+    return run
+
+
+def train_backend(gm, example_inputs, options: dict, fallback: str, new_record):
+    """The training route for one dynamo graph: AOTAutograd with tvmfuse's compilers.
+    `new_record(kind, ops)` makes the GraphRecord of one ATen graph."""
+    from torch._dynamo.backends.common import aot_autograd
+
+    return aot_autograd(fw_compiler=_compiler("forward", options, fallback, new_record),
+                        bw_compiler=_compiler("backward", options, fallback, new_record),
+                        inference_compiler=_compiler("inference", options, fallback, new_record),
+                        decompositions=decompositions())(gm, example_inputs)
+
+
+def decompositions() -> dict:
+    """Core ATen's decompositions, and torch's own for the normalizations whose statistics the
+    backward reads (`_DECOMPOSED`)."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    aten = torch.ops.aten
+    table = dict(core_aten_decompositions())
+    table.update(get_decompositions([getattr(aten, name) for name in _DECOMPOSED]))
+    table[aten.var_mean.correction] = _var_mean
+    return table
+
+
+def _var_mean(x, dim=None, *, correction=None, keepdim=False):
+    """var_mean (what the normalizations' decompositions compute with; TVM has no converter, and
+    torch's decomposition of it leaves prims) as the var and mean TVM converts."""
+    aten = torch.ops.aten
+    dims = list(range(x.dim())) if dim is None else dim
+    return aten.var.correction(x, dims, correction=correction, keepdim=keepdim), aten.mean.dim(x, dims, keepdim)
