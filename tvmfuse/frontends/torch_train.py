@@ -51,6 +51,7 @@ import torch
 from ..build import build
 from . import torch_records
 from .torch_aten import import_aten
+from .torch_grad_converters import GRAD_CONVERTERS
 from .torch_records import GraphRecord
 
 log = logging.getLogger("tvmfuse.torch")
@@ -142,7 +143,7 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
     if computed:
         real = [torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in info]
         with torch.no_grad():
-            mod = import_aten(_computing_graph(gm, computed), real, info, {})
+            mod = import_aten(_computing_graph(gm, computed), real, info, {}, custom_convert_map=GRAD_CONVERTERS)
         compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                          tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
 
@@ -158,7 +159,8 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
             elif spec[0] == "input":
                 results.append(args[spec[1]])
             else:
-                t = torch.from_numpy(np.ascontiguousarray(outs[spec[1]]))
+                o = outs[spec[1]]
+                t = torch.from_numpy(np.ascontiguousarray(o).reshape(o.shape))  # a 0-d output stays 0-d
                 if spec[2] is not None:  # the layout AOT traced (a saved transpose)
                     t = torch.empty_strided(t.shape, spec[2], dtype=t.dtype).copy_(t)
                 results.append(t)
