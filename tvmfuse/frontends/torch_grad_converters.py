@@ -14,6 +14,7 @@ the graph runs in eager PyTorch with it logged.
                   (groups == 1);
     grad_bias   = grad_out summed over batch and space.
   Outputs `output_mask` does not ask for are zeros no one reads (dead code after import).
+- `index_put` with index tensors for leading dims only (the embedding's backward) as scatter_nd.
 """
 from __future__ import annotations
 
@@ -67,4 +68,32 @@ def _convolution_backward(node, importer):
     return bb.emit(relax.Tuple(outs))
 
 
-GRAD_CONVERTERS = {"convolution_backward.default": _convolution_backward}
+def _index_put(node, importer):
+    """index_put with index tensors for the leading dims only (the embedding's backward: the rows
+    of a [vocab, hidden] gradient indexed by the token ids, accumulated) as scatter_nd over the
+    flattened indices, which TVM's converter rejects (it wants one index tensor per dim); every
+    other index_put goes to TVM's converter."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    data, indices, values = args[0], list(args[1]), args[2]
+    accumulate = bool(args[3]) if len(args) > 3 else bool(node.kwargs.get("accumulate", False))
+    shape = [int(d) for d in importer.shape_of(data)]
+    if (len(indices) >= len(shape) or any(i is None for i in indices)
+            or len({tuple(int(d) for d in importer.shape_of(i)) for i in indices}) != 1):
+        return importer._index_put(node)
+    bb = importer.block_builder
+    index_shape = [int(d) for d in importer.shape_of(indices[0])]
+    n = 1
+    for d in index_shape:
+        n *= d
+    cols = [bb.emit(relax.op.reshape(relax.op.astype(i, "int64"), [n, 1])) for i in indices]
+    flat = cols[0] if len(cols) == 1 else bb.emit(relax.op.concat(cols, axis=1))
+    rest = shape[len(indices):]
+    values = bb.emit(relax.op.broadcast_to(values, relax.ShapeExpr(index_shape + rest)))
+    values = bb.emit(relax.op.reshape(values, [n] + rest))
+    return bb.emit(relax.op.scatter_nd(data, flat, values, "add" if accumulate else "update"))
+
+
+GRAD_CONVERTERS = {"convolution_backward.default": _convolution_backward, "index_put.default": _index_put,
+                   "index_put_.default": _index_put}

@@ -26,8 +26,9 @@ forward saves for the backward) are handed back by the runtime wrapper without t
 and an output returned twice is computed once. AOT's compilers get FakeTensors: export gets zeros of
 the same shapes and dtypes.
 
-Outputs keep the strides AOT recorded for them (a saved `permute` is returned with its strides), so
-AOT's view replay and the backward see the layout they traced.
+Outputs keep the strides AOT recorded for them where those are a permutation of contiguous ones (a
+saved `permute` is returned with its strides), so AOT's view replay and the backward see the layout
+they traced; an overlapping layout (an `expand`) is returned contiguous with the same values.
 
 What runs eagerly (a graph with symbolic sizes, a CPU-less input, an op TVM cannot convert, a
 build error) is the ATen graph itself, recorded with its reason like the inference route's graphs
@@ -99,10 +100,18 @@ def _plan_outputs(gm):
                 computed.append(v)
             val = v.meta.get("val")
             strides = None
-            if isinstance(val, torch.Tensor) and not val.is_contiguous():
+            if isinstance(val, torch.Tensor) and not val.is_contiguous() and _dense(val):
                 strides = tuple(int(s) for s in val.stride())
             specs.append(("computed", computed.index(v), strides))
     return specs, computed
+
+
+def _dense(t) -> bool:
+    """Whether the tensor's strides are a permutation of contiguous ones (a transpose, not an expand:
+    an overlapping layout is returned contiguous, with the same values)."""
+    from torch._prims_common import is_non_overlapping_and_dense_or_false
+
+    return bool(is_non_overlapping_and_dense_or_false(t))
 
 
 def _computing_graph(gm, computed):
