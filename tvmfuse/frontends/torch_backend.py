@@ -207,7 +207,10 @@ def _state_ids(gm, example_inputs) -> frozenset:
 
 def _owner():
     """A weakref to the module whose frame dynamo is tracing (the `self` among its locals), or None."""
-    tx = InstructionTranslator.current_tx()
+    try:
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:  # the backend called outside dynamo (no frame being traced)
+        return None
     mod = next((v for v in getattr(tx, "f_locals", {}).values() if isinstance(v, torch.nn.Module)), None)
     return weakref.ref(mod) if mod is not None else None
 

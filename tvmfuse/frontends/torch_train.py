@@ -38,13 +38,15 @@ compiled backward and a WARNING: AOTAutograd (Inductor's route too) refuses a se
 through them with its RuntimeError; `options={"autograd": "eager"}` runs such models' graphs in
 eager PyTorch instead.
 
-For benchmarks: `compile_training(model, *inputs)` returns the compiled forward and backward
-`Compiled` objects of a model's single graph (launch counts, plans, kernel profiles).
+For benchmarks: `compile_training(model, *inputs)` compiles a model and runs one step, and returns
+the forward and backward `Compiled` builds of its graphs (launch counts, plans, kernel profiles).
 """
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+import sys
 
 import numpy as np
 import torch
@@ -232,10 +234,22 @@ def _refused(gm, record, err, fallback):
     return call
 
 
+def _under_create_graph() -> bool:
+    """Whether AOTAutograd runs this backward under create_graph=True: it then calls it from its
+    `_double_backward` (inside an autograd.Function's forward, where grad mode is off, so
+    torch.is_grad_enabled() cannot tell)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code.co_name == "_double_backward" and "_aot_autograd" in frame.f_code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _warn_on_create_graph(fn, record):
-    """The backward, with a WARNING when it runs under create_graph=True (grad mode on)."""
+    """The backward, with a WARNING when it runs under create_graph=True."""
     def run(items):
-        if torch.is_grad_enabled():
+        if _under_create_graph():
             note = ("create_graph=True: the gradients come from the compiled backward, but a second backward "
                     "through them raises (AOTAutograd does not support double backward); compile with "
                     "options={'autograd': 'eager'} to run this model's training graphs in eager PyTorch")
@@ -276,3 +290,41 @@ def _var_mean(x, dim=None, *, correction=None, keepdim=False):
     aten = torch.ops.aten
     dims = list(range(x.dim())) if dim is None else dim
     return aten.var.correction(x, dims, correction=correction, keepdim=keepdim), aten.mean.dim(x, dims, keepdim)
+
+
+@dataclasses.dataclass
+class TrainingBuild:
+    """What compile_training built: the compiled model and, per graph dynamo captured, the forward
+    and backward tvmfuse builds (`Compiled`, None where that graph runs eagerly) and their records."""
+    model: object  # what torch.compile returned
+    records: list  # GraphRecord of each ATen graph, in the order they were built
+
+    def of_kind(self, kind: str) -> list:
+        return [r.compiled for r in self.records if r.kind == kind]
+
+    @property
+    def forward(self) -> list:
+        return self.of_kind("forward")
+
+    @property
+    def backward(self) -> list:
+        return self.of_kind("backward")
+
+    def launches(self) -> int:
+        """Kernel launches of one training step's compiled graphs (forward and backward)."""
+        return sum(c.launches for c in self.forward + self.backward if c is not None)
+
+
+def compile_training(model, *inputs, options: dict | None = None, loss=None) -> TrainingBuild:
+    """`torch.compile(model, backend="tvmfuse")`, built by one forward and backward on `inputs`
+    (`loss(output)`, default the sum of the output) whose gradients are then dropped; for benchmarks
+    and tests that count the launches of the forward and backward builds."""
+    ids = {id(r) for r in torch_records.RECORDS}
+    compiled = torch.compile(model, backend="tvmfuse", options=options)
+    with torch.enable_grad():
+        out = compiled(*inputs)
+        out = out[0] if isinstance(out, (tuple, list)) else out
+        (loss(out) if loss is not None else out.float().sum()).backward()
+    for p in model.parameters():
+        p.grad = None
+    return TrainingBuild(compiled, [r for r in torch_records.RECORDS if id(r) not in ids and r.kind])
