@@ -149,12 +149,14 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
     options = {k: v for k, v in (options or {}).items() if k not in _NOT_FOR_TRAINING}
     build_kw = {k: options.pop(k) for k in _BUILD_OPTIONS if k in options}
     info = _info(example_inputs)
+    _refuse_random(gm)
     specs, computed = _plan_outputs(gm)
     compiled = None
     if computed:
         real = [torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in info]
         with torch.no_grad():
             mod = import_aten(_computing_graph(gm, computed), real, info, {}, custom_convert_map=GRAD_CONVERTERS)
+        _check_outputs(mod, computed)
         compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                          tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
 
@@ -178,6 +180,37 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
         return results
 
     return run, compiled
+
+
+def _refuse_random(gm) -> None:
+    """NotImplementedError for a graph that draws random numbers (train-mode dropout): TVM's
+    converters treat dropout as the identity, and the mask must be torch's own draw."""
+    for node in gm.graph.nodes:
+        tags = getattr(node.target, "tags", ()) if node.op == "call_function" else ()
+        if torch.Tag.nondeterministic_seeded in tags:
+            raise NotImplementedError(f"the graph draws random numbers ({node.target}, e.g. train-mode dropout), "
+                                      "which the compiled module cannot reproduce")
+
+
+def _check_outputs(mod, computed) -> None:
+    """NotImplementedError unless main returns what AOT traced for each computed output (its shape
+    and dtype): a converter that returns something else (a mask of the wrong dtype) is caught here,
+    at build, instead of as a wrong result."""
+    from tvm import relax
+
+    ret = mod["main"].ret_ty
+    fields = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    if len(fields) != len(computed):
+        raise NotImplementedError(f"the imported graph returns {len(fields)} values for {len(computed)} outputs")
+    for node, ty in zip(computed, fields):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or not isinstance(ty, relax.TensorType):
+            continue
+        want = (tuple(int(d) for d in val.shape), str(val.dtype).replace("torch.", ""))
+        got_shape = tuple(int(d) for d in ty.shape.values) if ty.shape is not None else None
+        if (got_shape, str(ty.dtype)) != want:
+            raise NotImplementedError(f"output {node.name} imports as {list(got_shape or [])}:{ty.dtype}, "
+                                      f"AOTAutograd traced {list(want[0])}:{want[1]}")
 
 
 def _boxed(fn):
@@ -207,6 +240,7 @@ def _compiler(kind: str, options: dict, fallback: str, new_record):
             return _refused(gm, record, err, fallback)
         record.compiled = compiled
         torch_records.add(record)
+        fn = _eager_on_error(fn, gm, record)
         if kind == "backward":
             fn = _warn_on_create_graph(fn, record)
         call = _boxed(fn)
@@ -214,6 +248,22 @@ def _compiler(kind: str, options: dict, fallback: str, new_record):
         return call
 
     return compile_one
+
+
+def _eager_on_error(fn, gm, record):
+    """The compiled graph, or on an error at run time (a bug: the build was checked against AOT's
+    trace) the ATen graph in eager PyTorch, with a WARNING and the reason recorded."""
+    def run(items):
+        try:
+            return fn(items)
+        except Exception as err:  # noqa: BLE001 - never raise where eager PyTorch would not
+            why = f"{type(err).__name__}: {(str(err).strip().splitlines() or [''])[0][:300]}"
+            log.warning("tvmfuse backend: the compiled %s graph %s failed (%s); this call runs eagerly",
+                        record.kind, record.compile_id, why, exc_info=err)
+            record.calls_eager.append(why)
+            return list(gm(*items))
+
+    return run
 
 
 def _refused(gm, record, err, fallback):
