@@ -1,5 +1,5 @@
 """Gradients (FPrimalGradient) of the Relax ops tvmfuse's workloads use and TVM 0.27's
-`relax.transform.Gradient` lacks: gelu, rsqrt, square. Registered once, on import, only where TVM
+`relax.transform.Gradient` lacks: gelu, rsqrt, square. Registered by train_step (register()), only where TVM
 has none (a later TVM's own wins).
 
 Each is `fn(orig_var, orig_call, output_grad, ctx) -> [input gradients]`, as in
