@@ -56,9 +56,9 @@ def _detached(gm):
     return out
 
 
-def import_aten(gm, inputs, info, ranges):
+def import_aten(gm, inputs, info, ranges, custom_convert_map=None):
     """The graph through torch.export (non-strict: dynamo already made it traceable) and
-    from_exported; see the module docstring."""
+    from_exported (with `custom_convert_map`'s converters besides tvmfuse's); see the module docstring."""
     dynamic = _dynamic_shapes(info, ranges)
     try:
         with torch._guards.tracing(None):  # export's own fake mode and shape env, not dynamo's
@@ -66,4 +66,5 @@ def import_aten(gm, inputs, info, ranges):
     except Exception as err:  # torch raises many types; the caller logs this and runs the graph eagerly
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise FrontendError(f"torch.export could not trace the graph to ATen: {type(err).__name__}: {first}") from err
-    return from_exported(ep, "torch_graph", params="constants", dynamic=dynamic is not None, pure=True)
+    return from_exported(ep, "torch_graph", params="constants", dynamic=dynamic is not None, pure=True,
+                         custom_convert_map=custom_convert_map)

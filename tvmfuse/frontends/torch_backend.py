@@ -29,6 +29,7 @@ gaps of TVM's FX importer are bridged in frontends/torch_converters.py (`CONVERT
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 
@@ -40,7 +41,7 @@ from tvm.relax.frontend.torch.fx_translator import TorchFXImporter
 
 from ..build import build
 from ..errors import BackendFallbackError
-from . import torch_records
+from . import torch_records, torch_train
 from .torch_aten import import_aten
 from .torch_records import GraphRecord
 from .common import finish
@@ -130,9 +131,15 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
     if fallback not in ("eager", "error"):
         raise BackendFallbackError(f"options={{'fallback': {fallback!r}}}: use 'eager' (the default: a graph "
                                    "tvmfuse cannot take runs in eager PyTorch, logged) or 'error' (it raises)")
+    autograd = options.pop("autograd", "aot")
+    if autograd not in ("aot", "eager"):
+        raise BackendFallbackError(f"options={{'autograd': {autograd!r}}}: use 'aot' (the default: training graphs "
+                                   "are built by tvmfuse through AOTAutograd) or 'eager' (they run in eager PyTorch)")
     record = GraphRecord(_root(), str(gm.meta.get("dynamo_compile_id", "?")),
                          sum(n.op.startswith("call_") for n in gm.graph.nodes), state=_state_ids(gm, example_inputs),
                          owner=_owner())
+    if torch_train.wants_autograd(example_inputs):
+        return _training(gm, example_inputs, options, fallback, autograd, record)
     try:
         fn = compile_graph(gm, example_inputs, options, record)
     except Exception as err:  # noqa: BLE001 - any failure runs the graph eagerly, never breaks the model
@@ -165,6 +172,33 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
     return call
 
 
+def _training(gm, example_inputs, options, fallback, autograd, record):
+    """A graph autograd needs (torch_train.py): AOTAutograd's forward and backward built by tvmfuse,
+    or the dynamo graph in eager PyTorch (autograd intact) with the reason recorded."""
+    why = torch_train.refusal(example_inputs)
+    if not why and autograd == "eager":
+        why = "options={'autograd': 'eager'}: training graphs run in eager PyTorch"
+    if not why:
+        def new_record(kind, ops):
+            return dataclasses.replace(record, kind=kind, ops=ops, calls_eager=[], notes=[])
+
+        try:
+            return torch_train.train_backend(gm, example_inputs, options, fallback, new_record)
+        except Exception as err:  # noqa: BLE001 - AOTAutograd could not trace it: eager, autograd intact
+            if fallback == "error":
+                raise
+            why = f"AOTAutograd could not trace the graph: {type(err).__name__}: {_first_line(err)}"
+            log.debug("the failure", exc_info=True)
+    record.kind, record.reason = "training", why
+    first = torch_records.add(record)
+    if fallback == "error":
+        raise BackendFallbackError(f"tvmfuse backend: graph {record.compile_id} of {record.root[1]} cannot be "
+                                   f"compiled for training: {why}")
+    (log.warning if first else log.info)("tvmfuse backend: graph %s of %s runs in eager PyTorch: %s",
+                                         record.compile_id, record.root[1], why)
+    return gm.forward
+
+
 def _state_ids(gm, example_inputs) -> frozenset:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return frozenset(id(t) for n, t in zip(placeholders, example_inputs)
@@ -173,7 +207,10 @@ def _state_ids(gm, example_inputs) -> frozenset:
 
 def _owner():
     """A weakref to the module whose frame dynamo is tracing (the `self` among its locals), or None."""
-    tx = InstructionTranslator.current_tx()
+    try:
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:  # the backend called outside dynamo (no frame being traced)
+        return None
     mod = next((v for v in getattr(tx, "f_locals", {}).values() if isinstance(v, torch.nn.Module)), None)
     return weakref.ref(mod) if mod is not None else None
 

@@ -1,7 +1,8 @@
 """What the torch.compile backend did with each graph dynamo gave it: compiled by tvmfuse (through
 TVM's FX importer, or the ATen route: torch.export of the graph) or left to eager PyTorch, and why.
 
-The backend (frontends/torch_backend.py) adds one `GraphRecord` per graph. A model's records are
+The backend (frontends/torch_backend.py) adds one `GraphRecord` per graph (in training, one per
+ATen graph AOTAutograd makes of it: its forward and its backward, frontends/torch_train.py). A model's records are
 the graphs whose root code is the forward of one of its modules (a graph break's resume function
 counts as the forward it resumes), so `tvmfuse.explain(torch.compile(model, backend="tvmfuse"))`
 reports, after a call, every graph of that model and what ran eagerly. The first graph of a model
@@ -27,20 +28,23 @@ class GraphRecord:
     root: tuple  # (file, function, line) of the frame dynamo traced (root_of)
     compile_id: str
     ops: int
-    route: str = ""  # "fx" | "aten" when compiled
+    route: str = ""  # "fx" | "aten" when compiled; "aot" for a training graph (frontends/torch_train.py)
     compiled: object = None  # the tvmfuse build (tvmfuse.build.Compiled), None when eager
     reason: str = ""  # why it runs eagerly
     fx_error: str = ""  # why TVM's FX importer could not take it (the ATen route took it instead)
     calls_eager: list = field(default_factory=list)  # reasons a call of a compiled graph ran eagerly
     state: frozenset = frozenset()  # id() of the parameters and buffers dynamo passed as inputs
     owner: object = None  # weakref to the module whose forward dynamo traced (its `self`), when live
+    kind: str = ""  # "" for an inference graph; AOTAutograd's "forward" / "backward" / "inference" when training
+    notes: list = field(default_factory=list)  # what a call should know (a backward under create_graph=True)
 
     @property
     def eager(self) -> bool:
         return self.compiled is None
 
     def line(self) -> str:
-        head = f"graph {self.compile_id} ({self.root[1]}, {self.ops} ops): "
+        kind = f"{self.kind} " if self.kind else ""
+        head = f"{kind}graph {self.compile_id} ({self.root[1]}, {self.ops} ops): "
         if self.eager:
             return head + f"EAGER: {self.reason}"
         c = self.compiled
@@ -49,6 +53,8 @@ class GraphRecord:
         text += ")"
         if self.calls_eager:
             text += f"; {len(self.calls_eager)} call(s) ran eagerly: {self.calls_eager[-1]}"
+        if self.notes:
+            text += f"; {self.notes[-1]}"
         return text
 
 
