@@ -120,3 +120,29 @@ def test_a_bad_fallback_option_is_a_clear_error():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="fallback.*'eager'.*'error'"), torch.no_grad():
         torch.compile(Broken().eval(), backend="tvmfuse", options={"fallback": "never"})(torch.randn(2, 4))
+
+
+def test_train_mode_dropout_runs_eagerly_not_as_the_identity(caplog):
+    """Under no_grad a train-mode model still drops: the graph draws random numbers, which a compiled
+    module would not (TVM's importer reads dropout as the identity), so it runs eagerly, with the reason."""
+    torch._dynamo.reset()
+    m = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Dropout(0.5)).train()
+    x = torch.randn(32, 64)
+    with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
+        out = torch.compile(m, backend="tvmfuse")(x)
+    assert "random" in caplog.text and "ropout" in caplog.text
+    assert int((out == 0).sum()) > 100  # about half of 2048 dropped, as eager drops
+    torch._dynamo.reset()
+    with torch.no_grad():  # eval mode: dropout is the identity and the graph compiles
+        cm = torch.compile(m.eval(), backend="tvmfuse")
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+    assert tvmfuse.explain(cm).splitlines()[-1].endswith("tvmfuse (tvmfuse, 1 kernels)")  # the eval-mode graph
+
+
+def test_a_scalar_output_keeps_its_shape():
+    torch._dynamo.reset()
+    m = torch.nn.Linear(8, 8).eval()
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        out = torch.compile(lambda t: m(t).sum(), backend="tvmfuse")(x)
+    assert out.shape == () and torch.allclose(out, m(x).sum(), rtol=1e-4, atol=1e-4)

@@ -62,6 +62,35 @@ def _import_fx(gm, info, ranges):
     return finish(mod, "constants", True, ranges=ranges)
 
 
+_DROPOUTS = {"dropout", "dropout1d", "dropout2d", "dropout3d", "alpha_dropout", "feature_alpha_dropout"}
+_RANDOM = {"rand", "randn", "randint", "rand_like", "randn_like", "randint_like", "bernoulli", "multinomial",
+           "normal", "randperm", "bernoulli_", "uniform_", "normal_"}
+
+
+def _random_ops(gm) -> str:
+    """The random ops of the graph, by name ('' if none): train-mode dropout (an active nn.Dropout or
+    F.dropout with training=True and p > 0) and the random samplers. TVM's FX importer reads dropout as
+    the identity, right only in eval mode."""
+    found = []
+    for n in gm.graph.nodes:
+        name = getattr(n.target, "__name__", str(n.target)).split(".")[-1]
+        if n.op == "call_module":
+            mod = gm.get_submodule(n.target)
+            active = mod.training and getattr(mod, "p", 0) > 0 and type(mod).__name__.lower() in {
+                d.replace("_", "") for d in _DROPOUTS}
+            name = type(mod).__name__ if active else ""
+        elif name in _DROPOUTS:
+            args = list(n.args) + [None] * 3
+            p = n.kwargs.get("p", args[1] if args[1] is not None else 0.5)
+            training = n.kwargs.get("training", args[2] if args[2] is not None else True)
+            name = name if training and p else ""
+        elif name not in _RANDOM:
+            name = ""
+        if name and name not in found:
+            found.append(name)
+    return ", ".join(found)
+
+
 def _first_line(err) -> str:
     return (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
 
@@ -77,6 +106,10 @@ def compile_graph(gm, example_inputs, options: dict | None = None, record: Graph
     got, why = input_info(gm, example_inputs)
     if got is None:
         raise NotImplementedError(why)
+    random = _random_ops(gm)
+    if random:
+        raise NotImplementedError(f"the graph draws random numbers ({random}: e.g. train-mode dropout); a compiled "
+                                  "module would not, so it runs eagerly (call model.eval() for inference)")
     info, keep, drop, scalars = got
     eager = gm.forward
     frozen = {}  # input position -> (parameter, its version at build)
@@ -117,7 +150,7 @@ def compile_graph(gm, example_inputs, options: dict | None = None, record: Graph
             return eager(*args)
         out = compiled(*[args[i].detach().numpy() for i in keep])
         outs = out if isinstance(out, tuple) else (out,)
-        return tuple(torch.from_numpy(np.ascontiguousarray(o)) for o in outs)
+        return tuple(torch.from_numpy(np.require(o, requirements="C")) for o in outs)  # 0-d stays 0-d
 
     run.compiled = compiled
     return run
