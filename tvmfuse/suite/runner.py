@@ -27,6 +27,7 @@ after every stage, so a process that dies mid-way leaves what it had (scripts/su
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -152,6 +153,13 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
             if key in ready and "numerics" in stages:
                 with _Stage(row, f"numerics[{key}]", emit):
                     row["max_err"][key] = compare(ready[key].out, ref, size)
+            if key in ready and not (key in ("tvm", "tvmfuse") and "latency" in stages and size == "full"):
+                del ready[key]  # a build holds the weights (and their prepacked copies): keep only what is timed
+                r = None
+                gc.collect()
+        mods.clear()
+        builds.clear()
+        main = mod = None
     if "latency" in stages and size == "full" and ready:
         with _Stage(row, "latency", emit):
             row["latency_ms"], row["latency_skipped"] = latency(name, module, arrays, ready, ref)
