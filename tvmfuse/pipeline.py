@@ -2,6 +2,10 @@
 
   phase           what happens                                                 where
   normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
+  precision       with a half `dtype` (float16 / bfloat16): constants cast once, passes/cast_to_half.py
+                  activations in the half type, matmul/conv accumulating and
+                  softmax, norms, sums computed in float32; main's float32
+                  inputs and outputs kept (nothing to do without a dtype)
   fold_constants  constants folded; explicit zero pads into the conv's padding; passes/fold_padding.py,
                   BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
                   conv/matmul weights; constant operands cut to the axes they  shrink_constant_operands.py
@@ -37,6 +41,7 @@ import tvm
 from tvm import relax
 
 from . import config
+from .errors import ConfigError
 from .install import install_once
 from .fusion.plan import Plan
 from .relax_utils import GRAPH_LOCK
@@ -44,8 +49,8 @@ from .target import resolve
 from .tuning.apply import apply_logs
 
 VARIANTS = ("none", "tvm", "tvmfuse")
-_BUILD_TE = ("normalize", "fold_constants", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
-PHASES = ("normalize", "fold_constants", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
+_BUILD_TE = ("normalize", "precision", "fold_constants", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
+PHASES = ("normalize", "precision", "fold_constants", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
           "codegen")
 
 
@@ -57,14 +62,16 @@ class Options:
     fusion: str = "tvm"
     knobs: config.Knobs = config.Knobs()
     tuning_logs: str | None = None
+    dtype: str | None = None  # compute in "float16" / "bfloat16" (phase "precision"); None: as imported
 
     @classmethod
-    def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, **knobs) -> "Options":
+    def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, dtype: str | None = None,
+                   **knobs) -> "Options":
         """Checked options: `target` resolved (once: a Target is kept as it is), the variant known,
-        the knobs known and typed, over the target's knob defaults (config.TARGET_DEFAULTS:
-        layout_prologue off on CUDA)."""
+        the dtype known, the knobs known and typed, over the target's knob defaults
+        (config.TARGET_DEFAULTS: layout_prologue off on CUDA)."""
         t = resolve(target)
-        return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs)
+        return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs, check_dtype(dtype))
 
 
 @dataclass
@@ -79,6 +86,16 @@ def check_variant(fusion: str) -> str:
     if fusion not in VARIANTS:
         raise ValueError(f"unknown fusion variant {fusion!r}; use one of {VARIANTS}")
     return fusion
+
+
+DTYPES = (None, "float16", "bfloat16")
+
+
+def check_dtype(dtype: str | None) -> str | None:
+    """`dtype` if a build can compute in it: None (as imported), "float16" or "bfloat16"."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {DTYPES}")
+    return dtype
 
 
 # ------------------------------------------------------------------------------------ phases
@@ -143,6 +160,10 @@ def phase_passes(phase: str, opts: Options) -> list:
     t = opts.target
     if phase == "normalize":
         return library_passes(t)
+    if phase == "precision":
+        from .passes.cast_to_half import CastToHalf
+
+        return [CastToHalf(opts.dtype)] if opts.dtype else []
     if phase == "fold_constants":
         if t.kind.name != "llvm":
             return constant_passes()
