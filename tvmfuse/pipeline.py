@@ -2,16 +2,17 @@
 
   phase           what happens                                                 where
   normalize       library dispatch for the target (the input is checked first)  TVM's backend lists
-  precision       with a half `dtype` (float16 / bfloat16): constants cast once, passes/cast_to_half.py
-                  activations in the half type, matmul/conv accumulating and
-                  softmax, norms, sums computed in float32; main's float32
-                  inputs and outputs kept (nothing to do without a dtype)
   fold_constants  constants folded; explicit zero pads into the conv's padding; passes/fold_padding.py,
                   BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
                   conv/matmul weights; constant operands cut to the axes they  shrink_constant_operands.py
                   vary along; 1x1 convs on small                               passes/conv1x1_matmul.py,
                   maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
-                  Winograd F(4x4) / F(2x2) (llvm) (every variant alike)
+                  Winograd F(4x4) / F(2x2) (llvm) (every variant alike; the conv
+                  rewrites only in float32 builds)
+  precision       with a half `dtype` (float16 / bfloat16): constants cast once, passes/cast_to_half.py
+                  activations in the half type, matmul/conv accumulating and
+                  softmax, norms, sums computed in float32; main's float32
+                  inputs and outputs kept (nothing to do without a dtype)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  fusion/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
                   plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
@@ -49,8 +50,8 @@ from .target import resolve
 from .tuning.apply import apply_logs
 
 VARIANTS = ("none", "tvm", "tvmfuse")
-_BUILD_TE = ("normalize", "precision", "fold_constants", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
-PHASES = ("normalize", "precision", "fold_constants", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
+_BUILD_TE = ("normalize", "fold_constants", "precision", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
+PHASES = ("normalize", "fold_constants", "precision", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
           "codegen")
 
 
@@ -77,7 +78,7 @@ class Options:
 @dataclass
 class Stages:
     """What `run` hands back: the module the planner saw, the plan, and the last phase's module."""
-    planned: tvm.IRModule | None = None  # after fold_constants: the graph fusion planned on
+    planned: tvm.IRModule | None = None  # after fold_constants and precision: the graph fusion planned on
     plan: Plan | None = None  # tvmfuse's plan (None for "none" / "tvm")
     mod: tvm.IRModule | None = None  # after the last phase run
 
@@ -165,7 +166,7 @@ def phase_passes(phase: str, opts: Options) -> list:
 
         return [CastToHalf(opts.dtype)] if opts.dtype else []
     if phase == "fold_constants":
-        if t.kind.name != "llvm":
+        if t.kind.name != "llvm" or opts.dtype:  # the conv rewrites are float32 transforms
             return constant_passes()
         from .passes.conv1x1_matmul import conv1x1_as_matmul
         from .passes.winograd import winograd_3x3
@@ -217,8 +218,8 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
         with GRAPH_LOCK if name in _BUILD_TE else contextlib.nullcontext(), \
                 config.override(strict=opts.knobs.strict):  # the rules and passes read it from the scope
             mod = phase(name, opts)(mod)
-        if name == "fold_constants":
-            out.planned = mod
+        if name in ("fold_constants", "precision"):
+            out.planned = mod  # the graph fusion plans on
         elif name == "fuse":
             out.plan = Plan.of(mod)
     out.mod = mod

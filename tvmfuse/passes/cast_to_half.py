@@ -10,8 +10,8 @@ Primitive one:
     numerics need float32:
       * matmul and conv (1d/2d/3d, transposed) read half operands and accumulate in float32
         (out_dtype float32); their result is cast to `dtype`;
-      * softmax, log_softmax, layer/group/rms/instance/batch norm and the sum-like reductions
-        (sum, mean, variance, std, prod, cumsum, cumprod) read float32 (half values cast up,
+      * softmax, log_softmax, layer/group/rms/instance/batch norm, the sum-like reductions
+        (sum, mean, variance, std, prod, cumsum, cumprod) and power read float32 (half values cast up,
         constants such as a norm's gamma and beta kept float32) and compute in float32; their
         result is cast to `dtype`;
   - ops that make a float32 tensor from a dtype attribute (astype, full, zeros, ones, arange ...)
@@ -27,9 +27,10 @@ Integer and boolean values (token ids, masks) are untouched. Every cast is an `a
 elementwise op: fusion joins it to its producer or consumer (the matmul's epilogue, the norm's
 prologue), so no cast is a kernel of its own in a fused build.
 
-Runs in the "precision" phase (pipeline.py), after library dispatch and before fold_constants, so
-that constant subgraphs fold in the half type and the float32-only rewrites (Winograd) decline
-half convs. Does nothing when the module has no float32 value.
+Runs in the "precision" phase (pipeline.py), after fold_constants: BatchNorm and the other
+constant folds happen in float32, then each folded constant is rounded once. Half builds leave the
+llvm conv rewrites (Winograd, 1x1 conv as matmul) out: they are float32 transforms. Does nothing
+to a module without float32 values.
 
 Numerics: float16 keeps 11 significant bits (relative rounding 4.9e-4), bfloat16 8 (3.9e-3) with
 float32's range. Accumulating in float32 keeps the error of a K-term dot product at the rounding of
@@ -50,10 +51,11 @@ F32 = "float32"
 ACCUMULATE = frozenset(f"relax.{n}" for n in (
     "matmul", "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
     "nn.conv3d_transpose"))
-# computed in float32 throughout: row statistics whose sums lose bits in a half type
+# computed in float32 throughout: row statistics whose sums lose bits in a half type, and power
+# (x³ of GELU's tanh form grows the relative error threefold; TVM's pow refuses bfloat16)
 FLOAT32 = frozenset(f"relax.{n}" for n in (
     "nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.group_norm", "nn.rms_norm", "nn.instance_norm",
-    "nn.batch_norm", "sum", "mean", "variance", "std", "prod", "cumsum", "cumprod"))
+    "nn.batch_norm", "sum", "mean", "variance", "std", "prod", "cumsum", "cumprod", "power"))
 # calls whose callee fixes its operand and result dtypes
 _FIXED = frozenset(("relax.call_tir", "relax.call_dps_packed", "relax.call_pure_packed",
                     "relax.call_tir_with_grad", "relax.call_tir_inplace"))
