@@ -217,3 +217,46 @@ def test_cuda_half_bert_compiles_and_computes_in_half(dtype, ctype):
     with c.target:
         ptx = nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
     assert b".target sm_90" in bytes(ptx)
+
+
+def test_tuning_sees_the_kernels_of_the_half_build():
+    """tvmfuse.tune(..., dtype=) extracts the PrimFuncs the half build's apply_tuning phase looks
+    up (the same pipeline, the same Options), not the float32 ones."""
+    import tvm_ffi
+    from tvm.ir.instrument import pass_instrument
+
+    from tvmfuse.target import resolve
+    from tvmfuse.tuning.tasks import extract, fused_module
+
+    @pass_instrument
+    class AtApplyTuning:
+        def __init__(self):
+            self.mod = None
+
+        def run_after_pass(self, mod, info):
+            if info.name == "tvmfuse.mark_constants":
+                self.mod = mod
+
+    w = workloads.get("mlp_block")
+    seen = AtApplyTuning()
+    tvmfuse.build(w.mod, "llvm", "tvmfuse", dtype="float16", instruments=[seen])
+    kernels = lambda tasks: {tvm_ffi.structural_hash(t.mod): t.weight for t in tasks}
+    half = kernels(extract(fused_module(w.mod, resolve("llvm"), "tvmfuse", dtype="float16")))
+    assert half == kernels(extract(seen.mod))
+    assert half != kernels(extract(fused_module(w.mod, resolve("llvm"), "tvmfuse")))
+
+
+@pytest.mark.parametrize("dtype", HALF)
+def test_a_symbolic_sequence_builds_in_half_and_matches_at_every_size(dtype):
+    """A transformer layer over a symbolic sequence (test_dynamic_shapes.Block): one half build,
+    float32 inputs read by four consumers (each cast joins its own), checked at several lengths."""
+    from test_dynamic_shapes import Block, _block_ref
+
+    c = tvmfuse.build(Block, "llvm", "tvmfuse", dtype=dtype)
+    assert cast_only_kernels(c) == []
+    rng = np.random.default_rng(1)
+    ws = [(rng.standard_normal(sh) * 0.2).astype("float32") for sh in [(64, 64)] * 3 + [(64, 256), (256, 64)]]
+    ws += [rng.standard_normal(64).astype("float32"), rng.standard_normal(64).astype("float32")]
+    for s in (1, 7, 33):
+        x = rng.standard_normal((1, s, 64)).astype("float32")
+        _assert_close(c(x, *ws), _block_ref(x, *ws), dtype)

@@ -124,12 +124,12 @@ class _CastToHalf(relax.PyExprMutator):
         return self.builder_.emit(relax.op.astype(new, self.dtype))
 
     def _f32(self, expr):
-        """An operand as float32: a float32 constant kept, a half value cast up."""
+        """An operand as float32: a float32 constant or parameter kept, a half value cast up."""
         if isinstance(expr, tvm.ir.expr.Constant):
             return expr
-        new = self._half(expr)
-        if isinstance(new, relax.Tuple):
-            return relax.Tuple([self._f32(f) for f in new.fields])
+        if isinstance(expr, relax.Tuple):
+            return relax.Tuple([self._f32(f) for f in expr.fields])
+        new = self.visit_expr(expr)
         if _is_half_tensor(new.ty, self.dtype):
             return self.builder_.emit(relax.op.astype(new, F32))
         return new
