@@ -11,7 +11,7 @@ Primitive one:
       * matmul and conv (1d/2d/3d, transposed) read half operands and accumulate in float32
         (out_dtype float32); their result is cast to `dtype`;
       * softmax, log_softmax, layer/group/rms/instance/batch norm, the sum-like reductions
-        (sum, mean, variance, std, prod, cumsum, cumprod) and power read float32 (half values cast up,
+        (sum, mean, variance, std, prod, cumsum, cumprod), average pools and power read float32 (half values cast up,
         constants such as a norm's gamma and beta kept float32) and compute in float32; their
         result is cast to `dtype`;
   - ops that make a float32 tensor from a dtype attribute (astype, full, zeros, ones, arange ...)
@@ -51,11 +51,13 @@ F32 = "float32"
 ACCUMULATE = frozenset(f"relax.{n}" for n in (
     "matmul", "nn.conv1d", "nn.conv2d", "nn.conv3d", "nn.conv1d_transpose", "nn.conv2d_transpose",
     "nn.conv3d_transpose"))
-# computed in float32 throughout: row statistics whose sums lose bits in a half type, and power
-# (x³ of GELU's tanh form grows the relative error threefold; TVM's pow refuses bfloat16)
+# computed in float32 throughout: row statistics and averages whose sums lose bits in a half type,
+# and power (x³ of GELU's tanh form triples the relative error; TVM's pow refuses bfloat16)
 FLOAT32 = frozenset(f"relax.{n}" for n in (
     "nn.softmax", "nn.log_softmax", "nn.layer_norm", "nn.group_norm", "nn.rms_norm", "nn.instance_norm",
-    "nn.batch_norm", "sum", "mean", "variance", "std", "prod", "cumsum", "cumprod", "power"))
+    "nn.batch_norm", "sum", "mean", "variance", "std", "prod", "cumsum", "cumprod", "power",
+    "nn.avg_pool1d", "nn.avg_pool2d", "nn.avg_pool3d", "nn.adaptive_avg_pool1d", "nn.adaptive_avg_pool2d",
+    "nn.adaptive_avg_pool3d"))
 # calls whose callee fixes its operand and result dtypes
 _FIXED = frozenset(("relax.call_tir", "relax.call_dps_packed", "relax.call_pure_packed",
                     "relax.call_tir_with_grad", "relax.call_tir_inplace"))
@@ -195,6 +197,15 @@ class _CastToHalf(relax.PyExprMutator):
             new = self.builder_.emit_output(value, binding.var.name)
         else:
             new = self.builder_.emit(value, binding.var.name)
+        self.set_var_remap(binding.var, new)
+
+    def visit_match_cast_(self, binding):
+        """A match_cast of a value now in the half type matches the half type."""
+        value, ty = self.visit_expr(binding.value), binding.ty
+        if _is_f32_tensor(ty) and _is_half_tensor(self.builder_.normalize(value).ty, self.dtype):
+            ty = relax.TensorType(ty.shape, self.dtype) if ty.shape is not None else \
+                relax.TensorType(dtype=self.dtype, ndim=ty.ndim)
+        new = self.builder_.match_cast(value, ty, binding.var.name)
         self.set_var_remap(binding.var, new)
 
     def _restore(self, value, ty):
