@@ -11,11 +11,11 @@ Primitive one:
       * matmul and conv (1d/2d/3d, transposed) read half operands and accumulate in float32
         (out_dtype float32); their result is cast to `dtype`;
       * softmax, log_softmax, layer/group/rms/instance/batch norm, the sum-like reductions
-        (sum, mean, variance, std, prod, cumsum, cumprod), average pools and power read float32 (half values cast up,
-        constants such as a norm's gamma and beta kept float32) and compute in float32; their
-        result is cast to `dtype`;
+        (sum, mean, variance, std, prod, cumsum, cumprod), average pools and power read float32
+        (half values cast up, float32 constants and parameters such as a norm's gamma and beta
+        read as they are) and compute in float32; their result is cast to `dtype`;
   - ops that make a float32 tensor from a dtype attribute (astype, full, zeros, ones, arange ...)
-    make a `dtype` one;
+    make a `dtype` one; a match_cast of a value now in `dtype` matches `dtype`;
   - a function's float32 parameters and results stay float32: a parameter is cast to `dtype` at
     each use (one cast per consumer, so each fuses into its consumer: the tvmfuse planner reads a
     cast in front of a matmul as a prologue, fusion/profitability.py), a result is cast back to
@@ -31,6 +31,10 @@ Runs in the "precision" phase (pipeline.py), after fold_constants: BatchNorm and
 constant folds happen in float32, then each folded constant is rounded once. Half builds leave the
 llvm conv rewrites (Winograd, 1x1 conv as matmul) out: they are float32 transforms. Does nothing
 to a module without float32 values.
+
+Why not TVM's ToMixedPrecision: it knows float16 only, and its "follow" policy keeps an op in
+float32 as soon as one operand is float32 (a bias input, a float32 parameter), so on the zoo's MLP
+the bias adds and GELU stayed float32 between float16 -> float32 round trips.
 
 Numerics: float16 keeps 11 significant bits (relative rounding 4.9e-4), bfloat16 8 (3.9e-3) with
 float32's range. Accumulating in float32 keeps the error of a K-term dot product at the rounding of
