@@ -23,12 +23,12 @@ from .relax_utils import call_tir_sites, static_shape
 
 
 def prepare(mod: tvm.IRModule, target, fusion: str = "tvm", tuning_logs: str | None = None,
-            **knobs) -> tvm.IRModule:
+            dtype: str | None = None, **knobs) -> tvm.IRModule:
     """The pipeline's phases up to codegen (pipeline.py): the scheduled Relax module a build
     compiles, with tuned schedules from `tuning_logs` where a record beat the default."""
     check_module(mod)
     install_once()
-    opts = pipeline.Options.for_target(target, fusion, tuning_logs, **knobs)
+    opts = pipeline.Options.for_target(target, fusion, tuning_logs, dtype, **knobs)
     with opts.target, tvm.transform.PassContext(opt_level=3):
         return pipeline.run(mod, opts).mod
 
@@ -46,7 +46,7 @@ def check_module(mod) -> None:
 
 def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: str | None = None, *,
           name: str = "model", debug_dir: str | None = None, instruments=(), buckets: dict | None = None,
-          **knobs) -> "Compiled":
+          dtype: str | None = None, **knobs) -> "Compiled":
     """Compile `mod` under a fusion variant: every phase of pipeline.py, then tvm.compile.
 
     knobs: fusion knobs (tvmfuse/config.py; unknown ones raise UnknownKnobError). debug_dir (or
@@ -54,14 +54,18 @@ def build(mod: tvm.IRModule, target="llvm", fusion: str = "tvm", tuning_logs: st
     instruments: TVM PassInstruments to run over every phase and pass of this build.
     buckets: {symbolic dim: [sizes]} of a symbolic model, e.g. {"seq": [32, 64, 128]}: each size gets
     static, specialized (and tunable) kernels, a generic symbolic version covers every other size,
-    and main dispatches at run time (passes/shape_buckets.py)."""
+    and main dispatches at run time (passes/shape_buckets.py).
+    dtype: "float16" or "bfloat16" computes a float32 model in that type (passes/cast_to_half.py):
+    weights cast once at build time, matmul/conv accumulating in float32, softmax, norms and sums
+    in float32, every cast fused into a neighbouring kernel; main still takes and returns float32.
+    On a CPU without native half arithmetic the result is correct, not faster. None: as imported."""
     check_module(mod)
     install_once()  # thread pool, spin and the "tvmfuse" TIR pipeline, before any kernel runs
     if buckets:
         from .passes.shape_buckets import add_buckets
 
         mod = add_buckets(mod, buckets)
-    opts = pipeline.Options.for_target(target, fusion, tuning_logs, **knobs)
+    opts = pipeline.Options.for_target(target, fusion, tuning_logs, dtype, **knobs)
     session = debug.Session(config.debug_dir(debug_dir), name, opts.fusion, instruments)
     with opts.target, tvm.transform.PassContext(opt_level=3, instruments=session.instruments):
         stages = pipeline.run(mod, opts)

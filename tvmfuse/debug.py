@@ -69,16 +69,16 @@ class DebugDump:
     def run_before_pass(self, mod, info):
         if info.name == "tvmfuse.normalize":
             self.write("00_input.py", _script(mod))
-
-    def run_after_pass(self, mod, info):
-        if info.name == "tvmfuse.fold_constants":
+        elif info.name == "tvmfuse.fuse":  # the graph fusion plans on (after fold_constants, precision)
             try:
                 with tvm.transform.PassContext(opt_level=3):  # its passes stay out of the timing table
                     text = str(classify(mod))
             except Exception as err:  # noqa: BLE001
                 text = f"classification failed: {type(err).__name__}: {err}"
             self.write("10_classified.txt", text + "\n")
-        elif info.name == "tvmfuse.fuse":
+
+    def run_after_pass(self, mod, info):
+        if info.name == "tvmfuse.fuse":
             p = Plan.of(mod)
             self.write("20_plan.json", p.to_json() if p is not None else json.dumps(
                 {"plan": None, "why": "this variant is not tvmfuse: TVM's own passes fused (or did not)"}))

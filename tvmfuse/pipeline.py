@@ -7,7 +7,12 @@
                   conv/matmul weights; constant operands cut to the axes they  shrink_constant_operands.py
                   vary along; 1x1 convs on small                               passes/conv1x1_matmul.py,
                   maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
-                  Winograd F(4x4) / F(2x2) (llvm) (every variant alike)
+                  Winograd F(4x4) / F(2x2) (llvm) (every variant alike; the conv
+                  rewrites only in float32 builds)
+  precision       with a half `dtype` (float16 / bfloat16): constants cast once, passes/cast_to_half.py
+                  activations in the half type, matmul/conv accumulating and
+                  softmax, norms, sums computed in float32; main's float32
+                  inputs and outputs kept (nothing to do without a dtype)
   fuse            the variant: "none" = every op its own kernel (LegalizeOps);  fusion/fuse_groups_te.py,
                   "tvm" = TVM's FuseOps + FuseTIR; "tvmfuse" = classify ops,     plan_fusion.py, legality.py,
                   plan groups, lower each group to ONE TE compute (the Plan      profitability.py,
@@ -37,6 +42,7 @@ import tvm
 from tvm import relax
 
 from . import config
+from .errors import ConfigError
 from .install import install_once
 from .fusion.plan import Plan
 from .relax_utils import GRAPH_LOCK
@@ -44,8 +50,8 @@ from .target import resolve
 from .tuning.apply import apply_logs
 
 VARIANTS = ("none", "tvm", "tvmfuse")
-_BUILD_TE = ("normalize", "fold_constants", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
-PHASES = ("normalize", "fold_constants", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
+_BUILD_TE = ("normalize", "fold_constants", "precision", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
+PHASES = ("normalize", "fold_constants", "precision", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
           "codegen")
 
 
@@ -57,20 +63,22 @@ class Options:
     fusion: str = "tvm"
     knobs: config.Knobs = config.Knobs()
     tuning_logs: str | None = None
+    dtype: str | None = None  # compute in "float16" / "bfloat16" (phase "precision"); None: as imported
 
     @classmethod
-    def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, **knobs) -> "Options":
+    def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, dtype: str | None = None,
+                   **knobs) -> "Options":
         """Checked options: `target` resolved (once: a Target is kept as it is), the variant known,
-        the knobs known and typed, over the target's knob defaults (config.TARGET_DEFAULTS:
-        layout_prologue off on CUDA)."""
+        the dtype known, the knobs known and typed, over the target's knob defaults
+        (config.TARGET_DEFAULTS: layout_prologue off on CUDA)."""
         t = resolve(target)
-        return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs)
+        return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs, check_dtype(dtype))
 
 
 @dataclass
 class Stages:
     """What `run` hands back: the module the planner saw, the plan, and the last phase's module."""
-    planned: tvm.IRModule | None = None  # after fold_constants: the graph fusion planned on
+    planned: tvm.IRModule | None = None  # after fold_constants and precision: the graph fusion planned on
     plan: Plan | None = None  # tvmfuse's plan (None for "none" / "tvm")
     mod: tvm.IRModule | None = None  # after the last phase run
 
@@ -79,6 +87,16 @@ def check_variant(fusion: str) -> str:
     if fusion not in VARIANTS:
         raise ValueError(f"unknown fusion variant {fusion!r}; use one of {VARIANTS}")
     return fusion
+
+
+DTYPES = (None, "float16", "bfloat16")
+
+
+def check_dtype(dtype: str | None) -> str | None:
+    """`dtype` if a build can compute in it: None (as imported), "float16" or "bfloat16"."""
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use one of {DTYPES}")
+    return dtype
 
 
 # ------------------------------------------------------------------------------------ phases
@@ -143,8 +161,12 @@ def phase_passes(phase: str, opts: Options) -> list:
     t = opts.target
     if phase == "normalize":
         return library_passes(t)
+    if phase == "precision":
+        from .passes.cast_to_half import CastToHalf
+
+        return [CastToHalf(opts.dtype)] if opts.dtype else []
     if phase == "fold_constants":
-        if t.kind.name != "llvm":
+        if t.kind.name != "llvm" or opts.dtype:  # the conv rewrites are float32 transforms
             return constant_passes()
         from .passes.conv1x1_matmul import conv1x1_as_matmul
         from .passes.winograd import winograd_3x3
@@ -196,8 +218,8 @@ def run(mod: tvm.IRModule, opts: Options, until: str = "prepack") -> Stages:
         with GRAPH_LOCK if name in _BUILD_TE else contextlib.nullcontext(), \
                 config.override(strict=opts.knobs.strict):  # the rules and passes read it from the scope
             mod = phase(name, opts)(mod)
-        if name == "fold_constants":
-            out.planned = mod
+        if name in ("fold_constants", "precision"):
+            out.planned = mod  # the graph fusion plans on
         elif name == "fuse":
             out.plan = Plan.of(mod)
     out.mod = mod

@@ -59,8 +59,10 @@ def _instantiate(fn, x):
 
 def _bound(x, body):
     """body(v) with v bound to x by a Let, so an argument used many times is computed once
-    (structural substitution would copy the whole expression into every use)."""
-    if isinstance(x, (tvm.tirx.Var, tvm.tirx.FloatImm)):
+    (structural substitution would copy the whole expression into every use). An argument that
+    computes in bfloat16 is substituted instead: TVM's BF16ComputeLegalize leaves the bfloat16
+    casts inside a Let's value unlowered (LLVM codegen then refuses them)."""
+    if isinstance(x, (tvm.tirx.Var, tvm.tirx.FloatImm)) or _has_bfloat16(x):
         return body(x)
     v = tvm.tirx.Var("x", x.ty if hasattr(x, "ty") else "float32")
     return tvm.tirx.Let(v, x, body(v))
@@ -68,6 +70,18 @@ def _bound(x, body):
 
 def _expand(x):
     return _bound(x, _expand_var)
+
+
+def _has_bfloat16(x) -> bool:
+    found = []
+
+    def seen(node):
+        if str(node.ty) == "bfloat16":
+            found.append(node)
+        return node
+
+    tvm_ffi.structural_map(x, [(t, seen) for t in (tvm.tirx.Cast, tvm.ir.expr.TensorLoad, tvm.tirx.FloatImm)])
+    return bool(found)
 
 
 def _expand_var(x):

@@ -36,6 +36,7 @@ COMPUTE_OPS = frozenset(
 LAYOUT_OPS = frozenset(f"relax.{n}" for n in ("reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
                                                "broadcast_to", "strided_slice", "concat", "split", "take",
                                                "gather_elements", "gather_nd"))
+GATHERS = frozenset(("relax.take",))  # TVM calls take opaque for its index load (mode="fast" or not)
 _PATTERN = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
             7: "kTuple", 8: "kOpaque"}
 
@@ -79,6 +80,9 @@ def classify_call(call: relax.Call) -> tuple[str, str, int | None]:
         return BROADCAST, f"per-channel affine with broadcast operands (TVM: {tvm_says})", pat
     if pat == 2:
         return INJECTIVE, f"data movement only, index remapping (TVM: {tvm_says})", pat
+    if pat == 8 and name in GATHERS:
+        return INJECTIVE, (f"a gather: one input element per output element at a data-dependent index; "
+                           f"TVM says {tvm_says} over its index load"), 2
     if pat == 8 and name in LAYOUT_OPS and out_shape is not None and any(not isinstance(d, int) for d in out_shape):
         return INJECTIVE, (f"data movement only; TVM says {tvm_says} over its symbolic index arithmetic, "
                            "the op is a layout op"), 2

@@ -5,9 +5,15 @@ saves the consumer's read of the tensor, and its write when nothing outside uses
 the second read of their shared input. An elementwise producer that ends up upstream of a
 compute-heavy op of the merged group (directly, or through layout ops such as reshape/permute
 that only remap its indices) is recomputed once per reduction step: refused unless allow_recompute.
+A dtype cast (astype) is not counted as recomputation: like a layout op it only changes how the
+anchor reads its operand (one conversion per load, which the matmul's packing or shared-memory
+stage does once per tile), so a half-precision build's cast of a float32 input fuses in front of
+the matmul instead of standing as a kernel of its own.
 A transpose that would end up upstream of a compute-heavy op is refused when the knob
 layout_prologue is off (CUDA's default, config.TARGET_DEFAULTS: dlight's matmul reads it
-uncoalesced). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
+uncoalesced). A gather (take) upstream of a compute-heavy op is refused on every target (the
+matmul and conv rules pack strided operands, not gathered ones: ViT's CLS-token take took the
+fallback schedule). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ from ..relax_utils import planning_bytes
 
 
 TRANSPOSES = ("permute_dims", "transpose")  # layout ops that move data (a reshape only renames it)
+CASTS = ("astype",)  # dtype conversions: read through by an anchor, not recomputed work
+GATHERS = ("take",)  # data-dependent reads: never in front of a compute-heavy op
 
 
 def _feeds_anchor(g, merged):
@@ -37,12 +45,17 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
     saved = 0
     upstream = _feeds_anchor(g, merged)
     recomputed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
-                  if g.by_idx[i].cls in (ELEMENTWISE, BROADCAST)]
+                  if g.by_idx[i].cls in (ELEMENTWISE, BROADCAST) and g.by_idx[i].op not in CASTS]
     if recomputed and not knobs["allow_recompute"]:
         anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
         n = recomputed[0]
         return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy {anchor} "
                       "(allow_recompute=False)")
+    gathered = [g.by_idx[i] for i in upstream if g.by_idx[i].op in GATHERS]
+    if gathered:
+        anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
+        return None, (f"{gathered[0].name} ({gathered[0].op}) would be gathered inside compute-heavy {anchor} "
+                      "(the matmul and conv rules pack strided operands, not gathered ones)")
     if not knobs["layout_prologue"]:
         transposed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
                       if g.by_idx[i].op in TRANSPOSES]

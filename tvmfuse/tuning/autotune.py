@@ -81,18 +81,18 @@ def tune(mod: tvm.IRModule, target="llvm", fusion: str = "tvmfuse", *, trials: i
          time_budget: float | None = None, logs: str = "tuning_logs", resume: bool = True,
          rpc: tuple[str, str] | None = None, num_trials_per_iter: int = 8, seed: int | None = 0,
          population_size: int = 256, progress: bool = True, name: str = "", knobs: dict | None = None,
-         evaluator_config=None, recheck: bool = False, buckets: dict | None = None) -> TuneResult:
+         evaluator_config=None, recheck: bool = False, buckets: dict | None = None, dtype=None) -> TuneResult:
     """Tune `mod` under `fusion` for `target`; records go to `<logs>/<target key>/`.
     `recheck`: measure tuned vs default again for tasks that are already finished.
     `buckets`: as for `tvmfuse.build` (each bucket's static kernels are tasks with their own records;
-    build with the same buckets and `tuning_logs` to apply them)."""
+    build with the same buckets and `tuning_logs` to apply them). `dtype`: as for `tvmfuse.build`."""
     t_start = time.time()
     install_once()  # before the worker processes start: they inherit TVM's thread settings
     target = resolve(target)
     _check_device(target, rpc)
     s = _Session(target, target_dir(logs, target), rpc, evaluator_config, num_trials_per_iter, seed,
                  population_size)
-    tasks = tasks_mod.extract(tasks_mod.fused_module(mod, target, fusion, knobs, buckets))
+    tasks = tasks_mod.extract(tasks_mod.fused_module(mod, target, fusion, knobs, buckets, dtype))
     result = TuneResult(s.folder)
     if not tasks:
         return result

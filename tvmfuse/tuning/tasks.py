@@ -16,13 +16,13 @@ from .tir_form import Task, extract, normalize, own_attrs, tuning_form, without_
 
 
 def fused_module(mod: tvm.IRModule, target: tvm.target.Target, fusion: str, knobs: dict | None = None,
-                 buckets: dict | None = None):
-    """`buckets` as for `tvmfuse.build`: each bucket's static kernels become tasks of their own, so
-    their records are kept per bucket."""
+                 buckets: dict | None = None, dtype: str | None = None):
+    """`buckets` and `dtype` as for `tvmfuse.build`: each bucket's static kernels become tasks of
+    their own, so their records are kept per bucket; a half build's kernels are its own tasks."""
     if buckets:
         from ..passes.shape_buckets import add_buckets
 
         mod = add_buckets(mod, buckets)
-    opts = pipeline.Options.for_target(target, fusion, **(knobs or {}))
+    opts = pipeline.Options.for_target(target, fusion, dtype=dtype, **(knobs or {}))
     with opts.target, tvm.transform.PassContext(opt_level=3):
         return pipeline.run(mod, opts, until="mark_constants").mod
