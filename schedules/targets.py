@@ -99,7 +99,14 @@ CPU = _ActiveTable()
 
 CUDA = {
     # in order; RowReduction is tvmfuse's, the others are dlight's
-    "rules": ("Matmul", "GEMV", "RowReduction", "Reduction", "GeneralReduction", "Fallback"),
+    "rules": ("TensorCoreMatmul", "Matmul", "GEMV", "RowReduction", "Reduction", "GeneralReduction", "Fallback"),
+    # tensor-core matmuls (cuda/tensor_core.py): a thread block is tc_warps x tc_warps warps, each
+    # warp tc_frags x tc_frags 16x16 accumulator fragments, a K step of tc_k_frags x 16; copies to
+    # and from shared memory tc_vector elements per thread
+    "tc_warps": 4,
+    "tc_frags": 2,
+    "tc_k_frags": 4,
+    "tc_vector": 4,
     "warp": 32,
     "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
     "stray_threads": 256,  # threads per block for a stage a rule left without threads (cuda.bind_stray_loops)

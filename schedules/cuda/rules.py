@@ -2,7 +2,9 @@
 
 Rules, each able to decline: cuda.Attention (cuda/attention.py) for fused attention groups, then,
 in the order of the CUDA table:
-  dlight Matmul, GEMV  - tiled through shared memory / vectorized GEMV
+  TensorCoreMatmul     - a float16/bfloat16 matmul group on tensor cores (cuda/tensor_core.py)
+  dlight Matmul, GEMV  - tiled through shared memory (SIMT: tensor cores are the rule above's) /
+                         vectorized GEMV
   RowReduction         - a row chain (see row_chain.py) becomes ONE kernel: a thread block per row,
                          its reductions cross-thread (warp shuffles + shared memory), every stage
                          of the row computed at the row loop, results of reductions in shared memory
@@ -29,13 +31,15 @@ from ..targets import CUDA
 
 
 class DlightRule(ScheduleRule):
-    def __init__(self, rule, inline_first=False):
+    def __init__(self, rule, inline_first=False, tensorize=True):
         self.rule, self.name = rule, f"dlight.gpu.{type(rule).__name__}"
-        self.inline_first = inline_first
+        self.inline_first, self.tensorize = inline_first, tensorize
 
     def apply(self, func, target):
         if self.inline_first:  # a tvmfuse group's padding stays a stage that dlight's Matmul leaves
             func = _inlined(func)  # unscheduled (on the host): inline every injective stage first
+        if not self.tensorize:  # tensor cores are cuda.TensorCoreMatmul's: what it declined, dlight's
+            func = func.with_attr("dlight.do_not_tensorize", True)  # Matmul tiles in SIMT
         with target:
             sch = self.rule.apply(func, target, False)
         if isinstance(sch, list):
@@ -233,10 +237,13 @@ def bind_stray_loops(func):
 
 def rules():
     from .attention import Attention
+    from .tensor_core import TensorCoreMatmul
 
     names = CUDA["rules"]
     out = [Attention()]  # a fused attention group (tvmfuse.attention) first: it writes its own kernel
+    ours = {"RowReduction": RowReduction, "TensorCoreMatmul": TensorCoreMatmul}
     for name in names:
-        out.append(RowReduction() if name == "RowReduction" else
-                   DlightRule(getattr(dl.gpu, name)(), inline_first=name == "Matmul"))
+        out.append(ours[name]() if name in ours else
+                   DlightRule(getattr(dl.gpu, name)(), inline_first=name == "Matmul",
+                              tensorize="TensorCoreMatmul" not in names))
     return out
