@@ -120,5 +120,4 @@ CUDA = {
     "attn_key_split": 4,
     "attn_split_rows": 32,
     "attn_split_key_tile": 16,
-    # (the fusion knob layout_prologue's CUDA default is in tvmfuse/config.py: TARGET_DEFAULTS)
 }

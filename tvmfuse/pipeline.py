@@ -61,8 +61,7 @@ class Options:
     @classmethod
     def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, **knobs) -> "Options":
         """Checked options: `target` resolved (once: a Target is kept as it is), the variant known,
-        the knobs known and typed, over the target's knob defaults (config.TARGET_DEFAULTS:
-        layout_prologue off on CUDA)."""
+        the knobs known and typed, over the target's knob defaults (config.TARGET_DEFAULTS)."""
         t = resolve(target)
         return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs)
 

@@ -6,8 +6,7 @@ the second read of their shared input. An elementwise producer that ends up upst
 compute-heavy op of the merged group (directly, or through layout ops such as reshape/permute
 that only remap its indices) is recomputed once per reduction step: refused unless allow_recompute.
 A transpose that would end up upstream of a compute-heavy op is refused when the knob
-layout_prologue is off (CUDA's default, config.TARGET_DEFAULTS: dlight's matmul reads it
-uncoalesced). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
+layout_prologue is off (on by default for every target: the matmul reads the tensor as stored). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
