@@ -107,6 +107,11 @@ CUDA = {
     "tc_frags": 2,
     "tc_k_frags": 4,
     "tc_vector": 4,
+    # dlight's float32 (SIMT) Matmul: 8 x 8 threads of 4 x 4 outputs, a 32 x 32 tile; its shared-memory
+    # fetch of 32 rows x 8 K is one vector of 4 per thread, a warp's load whole rows (cuda.CoalescedMatmul)
+    "simt_matmul": {"block_size_x": 8, "block_size_y": 8, "vthread_x": 1, "vthread_y": 1, "micro_size_x": 4,
+                    "micro_size_y": 4, "micro_size_k": 8, "vector_size": 4, "unroll": 256, "use_shared": True,
+                    "storage_align": True, "inner_x": False},
     "warp": 32,
     "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
     "stray_threads": 256,  # threads per block for a stage a rule left without threads (cuda.bind_stray_loops)

@@ -152,8 +152,10 @@ def test_float16_bert_every_matmul_kernel_on_tensor_cores(bert_fp16, arch):
     assert c.host_fallbacks() == []
     kernels = _kernel_map(c)
     matmuls = {k: rule for k, (_, rule) in kernels.items() if rule in MATMUL_RULES}
-    assert len(matmuls) >= 8, kernels  # per layer: QKV projections, output, FFN in and out (+ attention's)
     assert set(matmuls.values()) == {TC}, matmuls
+    # two layers of Q, K, V, output, FFN-in and FFN-out projections (kernels shared between layers)
+    funcs = {kernels[k][0] for k in matmuls}
+    assert len(funcs) >= 4 and sum(name in funcs for name in c.call_sites()) >= 2 * 6, kernels
     ptx, stats = _compiled(c, arch)
     assert all("mma.sync" in ptx[k] for k in matmuls)
     assert not any("mma" in ptx[k] for k in kernels if k not in matmuls)

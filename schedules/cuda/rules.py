@@ -3,8 +3,8 @@
 Rules, each able to decline: cuda.Attention (cuda/attention.py) for fused attention groups, then,
 in the order of the CUDA table:
   TensorCoreMatmul     - a float16/bfloat16 matmul group on tensor cores (cuda/tensor_core.py)
-  dlight Matmul, GEMV  - tiled through shared memory (SIMT: tensor cores are the rule above's) /
-                         vectorized GEMV
+  dlight Matmul, GEMV  - tiled through shared memory (SIMT: tensor cores are the rule above's; its
+                         constants tvmfuse's, CoalescedMatmul) / vectorized GEMV
   RowReduction         - a row chain (see row_chain.py) becomes ONE kernel: a thread block per row,
                          its reductions cross-thread (warp shuffles + shared memory), every stage
                          of the row computed at the row loop, results of reductions in shared memory
@@ -31,8 +31,8 @@ from ..targets import CUDA
 
 
 class DlightRule(ScheduleRule):
-    def __init__(self, rule, inline_first=False, tensorize=True):
-        self.rule, self.name = rule, f"dlight.gpu.{type(rule).__name__}"
+    def __init__(self, rule, inline_first=False, tensorize=True, name=None):
+        self.rule, self.name = rule, f"dlight.gpu.{name or type(rule).__name__}"
         self.inline_first, self.tensorize = inline_first, tensorize
 
     def apply(self, func, target):
@@ -45,6 +45,22 @@ class DlightRule(ScheduleRule):
         if isinstance(sch, list):
             sch = sch[0] if sch else None
         return None if sch is None else sch.mod["main"]
+
+
+class CoalescedMatmul(dl.gpu.Matmul):
+    """dlight's Matmul (the float32 SIMT one) with the CUDA constants of targets.CUDA["simt_matmul"].
+
+    dlight's own CUDA constants give each thread of the shared-memory fetch 8 consecutive K
+    elements (4 loads of 2), so one load of a warp touches 16 rows: reading a weight as stored
+    ([N, K], a transposed Linear weight fused into the matmul) measured slower than a transpose
+    kernel plus the matmul on an H200. Here each thread's part of a tile is one vector of
+    `vector_size` (a K tile of micro_size_k = threads x vector_size / tile rows), so a warp's
+    load covers whole rows of the tile: both operands are read coalesced, however they are stored."""
+
+    def get_configs(self, target):
+        if target.kind.name == "cuda":
+            return dl.gpu.Matmul.Config(**CUDA["simt_matmul"])
+        return super().get_configs(target)
 
 
 def _inlined(func):
@@ -243,7 +259,11 @@ def rules():
     out = [Attention()]  # a fused attention group (tvmfuse.attention) first: it writes its own kernel
     ours = {"RowReduction": RowReduction, "TensorCoreMatmul": TensorCoreMatmul}
     for name in names:
-        out.append(ours[name]() if name in ours else
-                   DlightRule(getattr(dl.gpu, name)(), inline_first=name == "Matmul",
-                              tensorize="TensorCoreMatmul" not in names))
+        if name in ours:
+            out.append(ours[name]())
+        elif name == "Matmul":
+            out.append(DlightRule(CoalescedMatmul(), inline_first=True, tensorize="TensorCoreMatmul" not in names,
+                                  name="Matmul"))
+        else:
+            out.append(DlightRule(getattr(dl.gpu, name)()))
     return out

@@ -19,6 +19,7 @@ that ptxas reports no local-memory spills.
 """
 from __future__ import annotations
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumers, auto_inline_producers, check_sm_version,
@@ -108,7 +109,7 @@ def _schedule(sch, block, in_dtype, out_dtype):
     warps = i_f[2] * j_f[2]
 
     for idx in (0, 1):  # operand tiles to shared memory; the prologue is inlined into the fetch
-        auto_inline_producers(sch, _fetch_to_shared(sch, block_outer, idx, k0, warps))
+        _fetch_to_shared(sch, block_outer, idx, k0, warps)
     a_frag = sch.cache_read(block_outer, 0, "wmma.matrix_a")
     b_frag = sch.cache_read(block_outer, 1, "wmma.matrix_b")
     sch.compute_at(a_frag, k1)
@@ -147,9 +148,18 @@ def _schedule(sch, block, in_dtype, out_dtype):
 
 
 def _fetch_to_shared(sch, block, idx, k0, warps):
+    """The operand's tile copied to shared memory ([rows, K] there), its producers inlined into
+    the copy, a warp's lanes along the axis the source stores contiguously: K for an activation or
+    a weight read as stored ([N, K]), the rows for a weight stored [K, N] (a transpose folded at
+    build time)."""
     read = sch.cache_read(block, idx, "shared.dyn")
     sch.compute_at(read, k0)
-    fused = sch.fuse(*sch.get_loops(read)[-2:])
+    auto_inline_producers(sch, read)
+    loops = sch.get_loops(read)[-2:]
+    if _rows_contiguous(sch.get(read)):
+        sch.reorder(loops[1], loops[0])
+        loops = loops[::-1]
+    fused = sch.fuse(*loops)
     _, ty, tx, vec = sch.split(fused, factors=[None, warps, CUDA["warp"], CUDA["tc_vector"]])
     sch.bind(tx, "threadIdx.x")
     sch.bind(ty, "threadIdx.y")
@@ -158,6 +168,20 @@ def _fetch_to_shared(sch, block, idx, k0, warps):
     sch.annotate(read, "tirx.manifest_shared_memory_local_stage", 1)
     sch.annotate(read, "double_buffer_scope", 0)
     return read
+
+
+def _rows_contiguous(copy) -> bool:
+    """Whether the global buffer a shared-memory copy [row, k] reads is contiguous along `row`: its
+    last index uses the row variable and not the K one (the largest operand read, if several)."""
+    row, k = (iv.var for iv in copy.iter_vars[-2:])
+    reads = [r for r in copy.reads if r.source.scope() == "global"]
+    if not reads:
+        return False
+    src = max(reads, key=lambda r: len(r.region))
+    last = src.region[-1].min
+    used = []
+    tvm_ffi.structural_walk(last, (tirx.Var, used.append))
+    return any(v.same_as(row) for v in used) and not any(v.same_as(k) for v in used)
 
 
 def _split_16x16(sch, block):
