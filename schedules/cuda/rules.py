@@ -26,6 +26,7 @@ from tvm.s_tir import dlight as dl
 
 from .. import row_chain
 from ..common import inline_injective
+from .inline import inlined
 from ..rule import ScheduleRule
 from ..targets import CUDA
 
@@ -37,7 +38,7 @@ class DlightRule(ScheduleRule):
 
     def apply(self, func, target):
         if self.inline_first:  # a tvmfuse group's padding stays a stage that dlight's Matmul leaves
-            func = _inlined(func)  # unscheduled (on the host): inline every injective stage first
+            func = inlined(func)  # unscheduled (on the host): inline every injective stage first
         if not self.tensorize:  # tensor cores are cuda.TensorCoreMatmul's: what it declined, dlight's
             func = func.with_attr("dlight.do_not_tensorize", True)  # Matmul tiles in SIMT
         with target:
@@ -61,42 +62,6 @@ class CoalescedMatmul(dl.gpu.Matmul):
         if target.kind.name == "cuda":
             return dl.gpu.Matmul.Config(**CUDA["simt_matmul"])
         return super().get_configs(target)
-
-
-def _inlined(func):
-    """`func` with its injective stages inlined where they can be. A tvmfuse group composed from
-    several TE computes mixes int64 and int32 indices (a conv's padding over an int64 shape, its
-    loops in int32), which compute_inline refuses ("mismatched types"); the indices are narrowed to
-    int32 first where ForceNarrowIndexToInt32 can (_narrowable: it fails on a constant past int32
-    or an int64 buffer; such a function keeps its int64 indices), as CUDA kernels index anyway."""
-    import tvm
-
-    if _narrowable(func):
-        func = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
-    sch = s_tir.Schedule(func)
-    return sch.mod["main"] if inline_injective(sch, keep=lambda sch, info: False) is not None else func
-
-
-def _narrowable(func) -> bool:
-    """Whether ForceNarrowIndexToInt32 accepts `func`: no integer constant past int32 and no
-    integer buffer wider than 32 bits, a parameter (gather's int64 indices) or a stage."""
-    import tvm
-    import tvm_ffi
-
-    found = []
-
-    def constant(imm):
-        if int(imm.value) > 2**31 - 1:
-            found.append(imm)
-
-    def buffer(var):
-        if isinstance(var.ty, tvm.tirx.BufferType):
-            t = tvm.DataType(str(var.dtype))
-            if t.type_code == tvm.DataTypeCode.INT and t.bits > 32:
-                found.append(var)
-
-    tvm_ffi.structural_walk(func, [(tvm.tirx.IntImm, constant), (tvm.tirx.Var, buffer)])
-    return not found
 
 
 def _threads(inner: int, rows: int) -> int:

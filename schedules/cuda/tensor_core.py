@@ -26,6 +26,7 @@ from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumers, auto_inline_prod
                                         get_index_map, get_reduction_blocks)
 
 from ..rule import ScheduleRule
+from .inline import inlined
 from ..targets import CUDA
 
 # input dtype -> (the smallest sm that has its WMMA, its short name in TVM's intrinsic names)
@@ -37,11 +38,9 @@ class TensorCoreMatmul(ScheduleRule):
     name = "cuda.TensorCoreMatmul"
 
     def apply(self, func, target):
-        from .rules import _inlined
-
         if target.kind.name != "cuda" or "dlight.do_not_tensorize" in (func.attrs or {}):
             return None
-        func = _inlined(func)
+        func = inlined(func)
         sch = s_tir.Schedule(func)
         reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
         if reductions is None or get_index_map(sch.get(reductions[0])) is None:
