@@ -36,17 +36,18 @@ def _target(arch):
     return {"kind": "cuda", "arch": arch}
 
 
-def linear_gelu_residual(dtype, tokens, k=128, n=192):
+def linear_gelu_residual(dtype, tokens, k=128, n=192, stored_kn=False):
     """main(x, w, b, r) = gelu(cast(x @ wᵀ accumulated in float32) + b) + r, in `dtype`; w [n, k]
-    is passed in (a Linear's weight as stored), so its transpose is part of the group."""
+    is passed in (a Linear's weight as stored), so its transpose is part of the group; with
+    `stored_kn`, w is [k, n] and read as it is (GPT-2's Conv1D)."""
     x = relax.Var("x", relax.TensorType((1, tokens, k), dtype))
-    w = relax.Var("w", relax.TensorType((n, k), dtype))
+    w = relax.Var("w", relax.TensorType((k, n) if stored_kn else (n, k), dtype))
     b = relax.Var("b", relax.TensorType((n,), dtype))
     r = relax.Var("r", relax.TensorType((1, tokens, n), dtype))
     bb = relax.BlockBuilder()
     with bb.function("main", [x, w, b, r]):
         with bb.dataflow():
-            wt = bb.emit(relax.op.permute_dims(w, [1, 0]))
+            wt = w if stored_kn else bb.emit(relax.op.permute_dims(w, [1, 0]))
             acc = relax.op.matmul(x, wt, out_dtype="float32") if dtype != "float32" else relax.op.matmul(x, wt)
             mm = bb.emit(relax.op.astype(bb.emit(acc), dtype))
             act = bb.emit(relax.op.nn.gelu(bb.emit(relax.op.add(mm, b))))
@@ -90,6 +91,18 @@ def test_half_matmul_group_is_one_tensor_core_kernel(arch, tokens):
     mma = [line for line in ptx[name].splitlines() if "mma.sync" in line]
     assert mma and all(".f16" in line or "f32.f32" in line for line in mma), mma[:2]
     assert "erf" in c.source()  # GELU in the kernel's store to global memory
+    _assert_no_spills(stats)
+
+
+@pytest.mark.parametrize("n,stored_kn", [(50257, False), (768, True)])
+def test_ragged_vocabulary_and_kn_weights_on_tensor_cores(n, stored_kn):
+    """GPT-2's LM head (50257 words: the last tile padded) and its Conv1D weights stored [K, N]."""
+    c = tvmfuse.build(linear_gelu_residual("float16", 20, k=64, n=n, stored_kn=stored_kn), _target("sm_90"),
+                      "tvmfuse")
+    kernels = _kernel_map(c)
+    assert c.launches == 1 and [r for _, r in kernels.values()] == [TC]
+    ptx, stats = _compiled(c, "sm_90")
+    assert all("mma.sync" in body for body in ptx.values())
     _assert_no_spills(stats)
 
 
