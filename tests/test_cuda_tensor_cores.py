@@ -138,6 +138,25 @@ def test_the_rule_declines_what_it_does_not_fit():
     assert rule.apply(primfunc("float16"), sm80) is not None
 
 
+def test_a_matmul_read_by_two_output_stages_is_declined():
+    """GPT-2's fused QKV: one matmul, several outputs read from it. The store from the accumulator
+    takes one chain of stages; with two, the rule declines rather than leave one reading nothing."""
+    from tvm import te
+
+    from schedules.cuda.tensor_core import TensorCoreMatmul
+
+    a = te.placeholder((64, 64), "float16", name="a")
+    w = te.placeholder((64, 128), "float16", name="w")
+    k = te.reduce_axis((0, 64), name="k")
+    mm = te.compute((64, 128), lambda i, j: te.sum(a[i, k].astype("float32") * w[k, j].astype("float32"), axis=k))
+    first = te.compute((64, 64), lambda i, j: mm[i, j].astype("float16"), name="first")
+    second = te.compute((64, 64), lambda i, j: mm[i, j + 64].astype("float16"), name="second")
+    func = te.create_prim_func([a, w, first, second])
+    assert TensorCoreMatmul().apply(func, tvm.target.Target(_target("sm_80"))) is None
+    one = te.create_prim_func([a, w, te.compute((64, 128), lambda i, j: mm[i, j].astype("float16"))])
+    assert TensorCoreMatmul().apply(one, tvm.target.Target(_target("sm_80"))) is not None
+
+
 def _bert(hidden=64, layers=2, heads=2, params="constants"):
     torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")

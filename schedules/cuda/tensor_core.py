@@ -12,7 +12,8 @@ writes it, with what tvmfuse's groups need on top:
     shared-memory fetch of its operand, the epilogue (bias, GELU, residual add, cast, reshape)
     into the store from the accumulator: one kernel;
   - a decline instead of an assertion: a group this schedule does not fit (no single reduction,
-    not an einsum, an epilogue that will not inline) returns None and the next rule gets it.
+    not an einsum, an epilogue that is not one chain of stages or will not inline) returns None
+    and the next rule (dlight's SIMT Matmul) gets it.
 The tile constants are in targets.CUDA ("tc_*"). The PTX of such a kernel holds
 `wmma.mma.sync` (tensor-core MMA) instructions; tests/test_cuda_tensor_cores.py checks them and
 that ptxas reports no local-memory spills.
@@ -47,9 +48,23 @@ class TensorCoreMatmul(ScheduleRule):
             return None
         dtypes = _dtypes(sch.get(reductions[0]))
         sm = check_sm_version(str(target.attrs.get("arch", "")))
-        if dtypes is None or sm < TENSOR_CORE_DTYPES[dtypes[0]][0]:
+        if dtypes is None or sm < TENSOR_CORE_DTYPES[dtypes[0]][0] or not _epilogue_chain(sch, reductions[0]):
             return None
         return _schedule(sch, reductions[0], *dtypes)
+
+
+def _epilogue_chain(sch, block) -> bool:
+    """Whether the stages after the matmul form one chain (each read by one stage at most), what
+    the store from the accumulator can take in. A group with several outputs of the matmul (GPT-2's
+    fused QKV split into three) is declined: inlining one consumer into the store would leave the
+    others reading a buffer nothing writes."""
+    while True:
+        consumers = sch.get_consumers(block)
+        if len(consumers) > 1:
+            return False
+        if not consumers:
+            return True
+        block = consumers[0]
 
 
 def _dtypes(block):
