@@ -99,7 +99,19 @@ CPU = _ActiveTable()
 
 CUDA = {
     # in order; RowReduction is tvmfuse's, the others are dlight's
-    "rules": ("Matmul", "GEMV", "RowReduction", "Reduction", "GeneralReduction", "Fallback"),
+    "rules": ("TensorCoreMatmul", "Matmul", "GEMV", "RowReduction", "Reduction", "GeneralReduction", "Fallback"),
+    # tensor-core matmuls (cuda/tensor_core.py): a thread block is tc_warps x tc_warps warps, each
+    # warp tc_frags x tc_frags 16x16 accumulator fragments, a K step of tc_k_frags x 16; copies to
+    # and from shared memory tc_vector elements per thread
+    "tc_warps": 4,
+    "tc_frags": 2,
+    "tc_k_frags": 4,
+    "tc_vector": 4,
+    # dlight's float32 (SIMT) Matmul: 8 x 8 threads of 4 x 4 outputs, a 32 x 32 tile; its shared-memory
+    # fetch of 32 rows x 8 K is one vector of 4 per thread, a warp's load whole rows (cuda.CoalescedMatmul)
+    "simt_matmul": {"block_size_x": 8, "block_size_y": 8, "vthread_x": 1, "vthread_y": 1, "micro_size_x": 4,
+                    "micro_size_y": 4, "micro_size_k": 8, "vector_size": 4, "unroll": 256, "use_shared": True,
+                    "storage_align": True, "inner_x": False},
     "warp": 32,
     "row_threads": 256,  # threads per row of a row-reduction chain (a thread block per row)
     "stray_threads": 256,  # threads per block for a stage a rule left without threads (cuda.bind_stray_loops)
@@ -113,5 +125,4 @@ CUDA = {
     "attn_key_split": 4,
     "attn_split_rows": 32,
     "attn_split_key_tile": 16,
-    # (the fusion knob layout_prologue's CUDA default is in tvmfuse/config.py: TARGET_DEFAULTS)
 }

@@ -1,6 +1,6 @@
 """The knob layout_prologue (tvmfuse/config.py, fusion/profitability.py): a transpose of a
-non-constant tensor in front of a matmul is fused into it on llvm and kept its own kernel on CUDA
-(the target's knob default: config.TARGET_DEFAULTS), unless the caller sets the knob."""
+non-constant tensor in front of a matmul is fused into it, on llvm and on CUDA (where the matmul
+reads its second operand as [N, K]: the weight as stored), unless the caller turns the knob off."""
 import logging
 
 import numpy as np
@@ -28,8 +28,8 @@ def _module():
 @pytest.mark.parametrize("target,knobs,launches", [
     ("llvm", {}, 1),  # llvm: the packing stage absorbs the transpose
     ("llvm", {"layout_prologue": False}, 2),
-    ("cuda", {}, 2),  # CUDA: a transpose kernel, then the matmul on its own layout
-    ("cuda", {"layout_prologue": True}, 1),
+    ("cuda", {}, 1),  # CUDA: the matmul reads the weight as stored, no transpose kernel
+    ("cuda", {"layout_prologue": False}, 2),  # off: a transpose kernel, then the matmul
 ])
 def test_transpose_prologue_follows_the_target_unless_set(target, knobs, launches, caplog):
     with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
@@ -43,7 +43,7 @@ def test_transpose_prologue_follows_the_target_unless_set(target, knobs, launche
 
 
 def test_an_override_scope_counts_as_set():
-    with config.override(layout_prologue=True):
+    with config.override(layout_prologue=False):
         assert config.explicit("layout_prologue")
-        assert tvmfuse.build(_module(), "cuda", "tvmfuse").launches == 1
+        assert tvmfuse.build(_module(), "cuda", "tvmfuse").launches == 2
     assert not config.explicit("layout_prologue")

@@ -9,7 +9,7 @@ An unknown knob, at any level, is an `UnknownKnobError` that names the known one
 
 Per-target knob defaults (`TARGET_DEFAULTS`) sit between 1 and 2: `knobs(target=...)` applies
 them, and `pipeline.Options.for_target` is the one place a build, a tuning run, explain and viz
-get their knobs from (so on CUDA all of them plan with layout_prologue=False).
+get their knobs from (none has a per-target default at present).
 
 CPU schedule constants. The table itself is derived from the llvm target's ISA in
 `schedules/targets.py` (`cpu_table`; its entries and their kinds in schedules/cpu/constants.py);
@@ -46,8 +46,9 @@ class Knobs:
     stitch_reductions: bool = True  # several reductions over the same rows in one kernel (softmax)
     sibling: bool = True  # horizontal fusion of groups that read the same input
     attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (fusion/match_attention.py)
-    # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it (on for
-    # llvm, whose packing stage absorbs it; off for CUDA: TARGET_DEFAULTS)
+    # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it: a
+    # transposed weight read as stored, the head split/merge read where the matmul reads it (llvm's
+    # packing stage absorbs it; CUDA's matmuls read their second operand as [N, K], a Linear's weight)
     layout_prologue: bool = True
     strict: bool = False  # a schedule rule or pass that raises an unexpected error fails the build instead of falling back; CI and tests set it
 
@@ -61,12 +62,12 @@ _SCOPES: contextvars.ContextVar[dict] = contextvars.ContextVar("tvmfuse_knob_ove
 _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 # Knob defaults per target kind, over the Knobs defaults and under everything a user sets.
-TARGET_DEFAULTS = {
-    # dlight's matmul reading a transposed non-constant weight inside the kernel measured slower
-    # than a transpose kernel + the matmul (H200, BERT-base with weights as inputs: 218.7 us
-    # against 28.8 + 153.2 per FFN matmul)
-    "cuda": {"layout_prologue": False},
-}
+# (CUDA had layout_prologue off: dlight's float32 SIMT matmul reading a transposed weight measured
+# slower than a transpose kernel + the matmul on an H200, 218.7 against 28.8 + 153.2 us per FFN
+# matmul, its shared-memory fetch giving each thread 8 consecutive K elements so that a warp's load
+# touches 16 rows; it is on again: no transpose is a kernel of its own, and the tensor-core matmul,
+# cuda/tensor_core.py, fetches the weight as stored with a warp's lanes along K, coalesced)
+TARGET_DEFAULTS: dict = {}
 
 
 def check_names(names, where: str = "fusion knob") -> None:

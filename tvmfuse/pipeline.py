@@ -69,8 +69,7 @@ class Options:
     def for_target(cls, target, fusion: str = "tvm", tuning_logs: str | None = None, dtype: str | None = None,
                    **knobs) -> "Options":
         """Checked options: `target` resolved (once: a Target is kept as it is), the variant known,
-        the dtype known, the knobs known and typed, over the target's knob defaults
-        (config.TARGET_DEFAULTS: layout_prologue off on CUDA)."""
+        the dtype known, the knobs known and typed, over the target's knob defaults (config.TARGET_DEFAULTS)."""
         t = resolve(target)
         return cls(t, check_variant(fusion), config.knobs(t, **knobs), tuning_logs, check_dtype(dtype))
 

@@ -2,7 +2,9 @@
 
 Rules, each able to decline: cuda.Attention (cuda/attention.py) for fused attention groups, then,
 in the order of the CUDA table:
-  dlight Matmul, GEMV  - tiled through shared memory / vectorized GEMV
+  TensorCoreMatmul     - a float16/bfloat16 matmul group on tensor cores (cuda/tensor_core.py)
+  dlight Matmul, GEMV  - tiled through shared memory (SIMT: tensor cores are the rule above's; its
+                         constants tvmfuse's, CoalescedMatmul) / vectorized GEMV
   RowReduction         - a row chain (see row_chain.py) becomes ONE kernel: a thread block per row,
                          its reductions cross-thread (warp shuffles + shared memory), every stage
                          of the row computed at the row loop, results of reductions in shared memory
@@ -24,18 +26,21 @@ from tvm.s_tir import dlight as dl
 
 from .. import row_chain
 from ..common import inline_injective
+from .inline import inlined
 from ..rule import ScheduleRule
 from ..targets import CUDA
 
 
 class DlightRule(ScheduleRule):
-    def __init__(self, rule, inline_first=False):
-        self.rule, self.name = rule, f"dlight.gpu.{type(rule).__name__}"
-        self.inline_first = inline_first
+    def __init__(self, rule, inline_first=False, tensorize=True, name=None):
+        self.rule, self.name = rule, f"dlight.gpu.{name or type(rule).__name__}"
+        self.inline_first, self.tensorize = inline_first, tensorize
 
     def apply(self, func, target):
         if self.inline_first:  # a tvmfuse group's padding stays a stage that dlight's Matmul leaves
-            func = _inlined(func)  # unscheduled (on the host): inline every injective stage first
+            func = inlined(func)  # unscheduled (on the host): inline every injective stage first
+        if not self.tensorize:  # tensor cores are cuda.TensorCoreMatmul's: what it declined, dlight's
+            func = func.with_attr("dlight.do_not_tensorize", True)  # Matmul tiles in SIMT
         with target:
             sch = self.rule.apply(func, target, False)
         if isinstance(sch, list):
@@ -43,40 +48,20 @@ class DlightRule(ScheduleRule):
         return None if sch is None else sch.mod["main"]
 
 
-def _inlined(func):
-    """`func` with its injective stages inlined where they can be. A tvmfuse group composed from
-    several TE computes mixes int64 and int32 indices (a conv's padding over an int64 shape, its
-    loops in int32), which compute_inline refuses ("mismatched types"); the indices are narrowed to
-    int32 first where ForceNarrowIndexToInt32 can (_narrowable: it fails on a constant past int32
-    or an int64 buffer; such a function keeps its int64 indices), as CUDA kernels index anyway."""
-    import tvm
+class CoalescedMatmul(dl.gpu.Matmul):
+    """dlight's Matmul (the float32 SIMT one) with the CUDA constants of targets.CUDA["simt_matmul"].
 
-    if _narrowable(func):
-        func = tvm.tirx.transform.ForceNarrowIndexToInt32()(tvm.IRModule({"main": func}))["main"]
-    sch = s_tir.Schedule(func)
-    return sch.mod["main"] if inline_injective(sch, keep=lambda sch, info: False) is not None else func
+    dlight's own CUDA constants give each thread of the shared-memory fetch 8 consecutive K
+    elements (4 loads of 2), so one load of a warp touches 16 rows: reading a weight as stored
+    ([N, K], a transposed Linear weight fused into the matmul) measured slower than a transpose
+    kernel plus the matmul on an H200. Here each thread's part of a tile is one vector of
+    `vector_size` (a K tile of micro_size_k = threads x vector_size / tile rows), so a warp's
+    load covers whole rows of the tile: both operands are read coalesced, however they are stored."""
 
-
-def _narrowable(func) -> bool:
-    """Whether ForceNarrowIndexToInt32 accepts `func`: no integer constant past int32 and no
-    integer buffer wider than 32 bits, a parameter (gather's int64 indices) or a stage."""
-    import tvm
-    import tvm_ffi
-
-    found = []
-
-    def constant(imm):
-        if int(imm.value) > 2**31 - 1:
-            found.append(imm)
-
-    def buffer(var):
-        if isinstance(var.ty, tvm.tirx.BufferType):
-            t = tvm.DataType(str(var.dtype))
-            if t.type_code == tvm.DataTypeCode.INT and t.bits > 32:
-                found.append(var)
-
-    tvm_ffi.structural_walk(func, [(tvm.tirx.IntImm, constant), (tvm.tirx.Var, buffer)])
-    return not found
+    def get_configs(self, target):
+        if target.kind.name == "cuda":
+            return dl.gpu.Matmul.Config(**CUDA["simt_matmul"])
+        return super().get_configs(target)
 
 
 def _threads(inner: int, rows: int) -> int:
@@ -233,10 +218,17 @@ def bind_stray_loops(func):
 
 def rules():
     from .attention import Attention
+    from .tensor_core import TensorCoreMatmul
 
     names = CUDA["rules"]
     out = [Attention()]  # a fused attention group (tvmfuse.attention) first: it writes its own kernel
+    ours = {"RowReduction": RowReduction, "TensorCoreMatmul": TensorCoreMatmul}
     for name in names:
-        out.append(RowReduction() if name == "RowReduction" else
-                   DlightRule(getattr(dl.gpu, name)(), inline_first=name == "Matmul"))
+        if name in ours:
+            out.append(ours[name]())
+        elif name == "Matmul":
+            out.append(DlightRule(CoalescedMatmul(), inline_first=True, tensorize="TensorCoreMatmul" not in names,
+                                  name="Matmul"))
+        else:
+            out.append(DlightRule(getattr(dl.gpu, name)()))
     return out

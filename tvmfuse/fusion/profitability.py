@@ -10,10 +10,10 @@ anchor reads its operand (one conversion per load, which the matmul's packing or
 stage does once per tile), so a half-precision build's cast of a float32 input fuses in front of
 the matmul instead of standing as a kernel of its own.
 A transpose that would end up upstream of a compute-heavy op is refused when the knob
-layout_prologue is off (CUDA's default, config.TARGET_DEFAULTS: dlight's matmul reads it
-uncoalesced). A gather (take) upstream of a compute-heavy op is refused on every target (the
-matmul and conv rules pack strided operands, not gathered ones: ViT's CLS-token take took the
-fallback schedule). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
+layout_prologue is off (on by default for every target: the matmul reads the tensor as stored). A
+gather (take) upstream of a compute-heavy op is refused on every target (the matmul and conv rules
+pack strided operands, not gathered ones: ViT's CLS-token take took the fallback schedule). `knobs`
+is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
