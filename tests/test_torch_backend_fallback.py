@@ -54,7 +54,7 @@ def test_the_aten_route_compiles_what_the_fx_importer_cannot(caplog):
     cm = torch.compile(m, backend=_records(builds))
     x = torch.randn(3, 8)
     with caplog.at_level(logging.WARNING, logger="tvmfuse.torch"), torch.no_grad():
-        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)  # group norm over 4 values (see below)
     assert "eager" not in caplog.text
     (record,) = builds
     assert record is not None and record.route == "aten" and not record.eager
@@ -68,9 +68,9 @@ def test_the_aten_route_keeps_dynamic_graphs_symbolic():
     m, builds = Gaps().eval(), []
     cm = torch.compile(m, backend=_records(builds), dynamic=True)
     with torch.no_grad():
-        for n in (2, 5, 9):
+        for n in (2, 5, 9):  # atol 1e-4: group norm over 4 values divides by their std, which can be small
             x = torch.randn(n, 8)
-            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(cm(x), m(x), rtol=1e-4, atol=1e-4)
     (record,) = builds  # one build for the three sizes
     assert record.route == "aten" and not record.eager
 
