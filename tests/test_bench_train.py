@@ -1,0 +1,40 @@
+"""Smoke test of `scripts/bench.py --train --quick` (tvmfuse/bench/train.py) on the MLP: one
+training step per system, the JSON rows with their launches, bytes and numerics, and its errors."""
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "bench.py")
+
+
+def _run(*args):
+    return subprocess.run([sys.executable, SCRIPT, "--train", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_quick_train_bench_on_the_mlp_writes_json_and_markdown(tmp_path):
+    out, md = tmp_path / "train.json", tmp_path / "train.md"
+    p = _run("--quick", "--workloads", "mlp", "--json", str(out), "--markdown", str(md))
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["mode"] == "train" and doc["machine"]["cpu"] and "threads for every system" in doc["timing"]
+    (row,) = doc["rows"]
+    systems = {"torch", "torch.compile", "tvmfuse"}
+    assert (row["workload"], row["optimizer"]) == ("mlp", "sgd")
+    assert set(row["ms"]) == systems and all(v > 0 for v in row["ms"].values())
+    assert row["ok"] == dict.fromkeys(systems, True)  # parameters after the warm-up steps match eager's
+    tvmfuse = row["parts"]["tvmfuse"]
+    assert tvmfuse["forward"] > 0 and tvmfuse["backward"] > 0  # built by tvmfuse, launches from its plans
+    assert row["launches"]["tvmfuse"] == tvmfuse["forward"] + tvmfuse["backward"] + tvmfuse["optimizer"]
+    # the optimizer step runs eagerly: one ATen op per parameter and update (SGD with momentum), as in eager
+    assert tvmfuse["optimizer"] == row["parts"]["torch"]["optimizer"] > 0
+    inductor = row["parts"]["torch.compile"]
+    assert inductor["forward+backward"] > 0 and inductor["optimizer"] > 0
+    assert row["bytes"]["tvmfuse"] > 0 and "eager" in row["notes"]["tvmfuse"]
+    assert "| mlp | sgd |" in p.stdout and "| mlp | sgd |" in md.read_text()
+
+
+def test_train_bench_rejects_unknown_names():
+    p = _run("--quick", "--workloads", "resnet9000", "--optimizers", "lion")
+    assert p.returncode == 2 and "unknown workload 'resnet9000', optimizer 'lion'" in p.stderr
