@@ -38,3 +38,24 @@ def test_quick_train_bench_on_the_mlp_writes_json_and_markdown(tmp_path):
 def test_train_bench_rejects_unknown_names():
     p = _run("--quick", "--workloads", "resnet9000", "--optimizers", "lion")
     assert p.returncode == 2 and "unknown workload 'resnet9000', optimizer 'lion'" in p.stderr
+
+
+def test_inductor_kernel_calls_are_counted_in_its_generated_call(tmp_path):
+    """Inductor's launches: the statements of its generated `call()` that run a kernel, whether the
+    result is assigned (`buf6 = extern_kernels.convolution(...)`) or written to an `out=` buffer;
+    allocations, asserts and other functions of the module are not launches."""
+    import types
+
+    from tvmfuse.bench.train import _inductor_calls
+
+    src = tmp_path / "gen.py"
+    src.write_text("def helper():\n    cpp_fused_9(a)\n\n"
+                   "def call(self, args):\n"
+                   "        buf0 = empty_strided_cpu((8, 64), (64, 1), torch.float32)\n"
+                   "        assert_size_stride(primals_1, (64, 32), (32, 1))\n"
+                   "        extern_kernels.addmm(primals_2, primals_3, buf9, alpha=1, beta=1, out=buf0)\n"
+                   "        cpp_fused_gelu_0(buf0, buf1)\n"
+                   "        buf6 = extern_kernels.convolution(buf1, buf0, stride=(1, 1))\n"
+                   "        return (buf6, )\n\n"
+                   "def benchmark_compiled_module(times=10):\n    cpp_fused_gelu_0(x)\n")
+    assert _inductor_calls([types.SimpleNamespace(__file__=str(src))]) == 3

@@ -113,23 +113,28 @@ def _inductor_calls(modules) -> int:
     """Kernel calls in the `call()` of Inductor's generated modules: its kernels and extern kernels."""
     import re
 
-    pattern = re.compile(r"^\s*(cpp_fused_\w+|kernel_cpp_\w+|extern_kernels\.\w+|torch\.ops\.[\w.]+)\(", re.M)
+    pattern = re.compile(r"^\s*(?:\w+ = )?(cpp_fused_\w+|kernel_cpp_\w+|extern_kernels\.\w+|torch\.ops\.[\w.]+)\(",
+                         re.M)  # a statement calling a kernel: `cpp_fused_0(...)`, `buf6 = extern_kernels.mm(...)`
     total = 0
     for m in modules:
         with open(m.__file__) as f:
             src = f.read()
-        call = src[src.find("def call("):]
-        call = call[:call.find("\ndef ", 1)] if "\ndef " in call[1:] else call
+        call = re.split(r"\n\s*(?:async )?def ", src[src.find("def call("):])[0]  # to the next def
         total += len(pattern.findall(call))
     return total
 
 
 class _Watch:
     """What one part of a step (the model's forward and backward, or the optimizer step) compiled:
-    the tvmfuse records and Inductor modules it created, from the last warm-up step that created any."""
+    tvmfuse's records, the latest per dynamo frame and kind (a recompile replaces its frame's graph),
+    and the Inductor modules of the last warm-up step that created any."""
 
     def __init__(self):
-        self.records, self.modules, self.kernels = [], [], 0
+        self.latest, self.modules, self.kernels = {}, [], 0
+
+    @property
+    def records(self) -> list:
+        return list(self.latest.values())
 
     def __call__(self, fn):
         from torch._inductor import metrics
@@ -140,9 +145,11 @@ class _Watch:
         recs, mods = {id(r) for r in torch_records.RECORDS}, {id(m) for m in PyCodeCache.modules}
         k0 = metrics.generated_kernel_count
         fn()
-        new_recs = [r for r in torch_records.RECORDS if id(r) not in recs and r.kind]
+        for r in torch_records.RECORDS:
+            if id(r) not in recs and r.kind:
+                frame = r.compile_id.split("/")[0] if "/" in r.compile_id else id(r)
+                self.latest[(frame, r.kind)] = r
         new_mods = [m for m in PyCodeCache.modules if id(m) not in mods]
-        self.records = new_recs or self.records
         self.modules = new_mods or self.modules
         self.kernels += metrics.generated_kernel_count - k0
 
