@@ -7,9 +7,10 @@ Models and optimizers: bench/train_models.py. A step is `zero_grad(set_to_none=T
 loss of the model's output against a fixed random target, `backward()` and the optimizer's step.
 
 The optimizer step goes through each system's backend where that is correct (OPT_BACKENDS):
-Inductor compiles torch.optim's step (torch.compile of `optimizer.step`); the tvmfuse backend does
-not take it (AdamW's graph falls back to eager on aten.fma, and SGD's first graph, which creates the
-momentum buffers, loses its in-place parameter updates), so tvmfuse's step runs in eager PyTorch.
+Inductor compiles torch.optim's step (torch.compile of `optimizer.step`); the tvmfuse backend leaves
+its graphs to eager PyTorch (they update the parameters in place, which a tvmfuse module, returning
+values only, cannot; AdamW's also has aten.fma, which TVM's importer lacks), so tvmfuse's step runs
+in eager PyTorch, without dynamo's guards around it.
 
 Every system starts from the same weights, runs WARMUP_STEPS steps (compiles and recompiles
 happen there) and its parameters are checked against eager's after them (`ok`). Then the systems
