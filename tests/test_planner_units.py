@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 from tvm import relax
 
-from tvmfuse.fusion import legality, profitability
+from tvmfuse.fusion import legality, plan_fusion, profitability
 from tvmfuse.fusion.graph import BlockGraph
 from tvmfuse.fusion.plan_fusion import plan
 
@@ -366,3 +366,35 @@ def test_plan_tuple_alias_belongs_to_its_node():
     p = plan(*graph(tuple_escapes), knobs())
     assert p.groups == [[0], [2]]
     assert rules(p) == ["opaque"]
+
+
+def enter_late_leave_early(bb, x, w, b):
+    """s = exp(x); a = neg(x); d = sqrt(a); t = tanh(s); h = a + t: with a and h one group, a path
+    s -> t -> {a, h} -> d enters {a, h} at h (after d) and leaves it from a (before d)."""
+    s = bb.emit(relax.op.exp(x))
+    a = bb.emit(relax.op.negative(x))
+    d = bb.emit(relax.op.sqrt(a))
+    t = bb.emit(relax.op.tanh(s))
+    h = bb.emit(relax.op.add(a, t))
+    return relax.Tuple([d, h])
+
+
+def test_cycle_check_follows_a_path_that_enters_a_group_late_and_leaves_early():
+    """Must not fire: merging s (node 0) with d (node 2) while {a, h} (nodes 1 and 4) is one group
+    is cyclic (s -> t -> {a, h} -> d), though every node on the path after s comes after d. A search
+    bounded by d's last node index missed it."""
+    g = block_graph(enter_late_leave_early)
+    assert len(g.nodes) == 5
+    group_of = {0: 0, 1: 1, 2: 2, 3: 3, 4: 1}
+    members = {0: {0}, 1: {1, 4}, 2: {2}, 3: {3}}
+    order = plan_fusion.group_order(g, group_of, members)
+    assert order[0] < order[3] < order[1] < order[2]
+    assert plan_fusion._creates_cycle(g, group_of, 0, 2, members)
+    assert plan_fusion._creates_cycle(g, group_of, 2, 0, members)
+    # the same merges without the group {a, h}: no third group in between, so s and d may merge
+    split = {0: {0}, 1: {1}, 2: {2}, 3: {3}, 4: {4}}
+    assert not plan_fusion._creates_cycle(g, {i: i for i in range(5)}, 0, 2, split)
+    # and the planner never builds such a cycle: every plan's groups keep a topological order
+    p = plan(*graph(enter_late_leave_early), knobs())
+    gof = {i: min(m) for m in map(set, p.groups) for i in m}
+    plan_fusion.group_order(p.graph, gof, {min(m): set(m) for m in p.groups})

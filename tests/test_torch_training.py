@@ -293,3 +293,24 @@ def test_a_failing_compiled_call_runs_that_call_eagerly(monkeypatch, caplog):
         _close(p.grad, q.grad, "gradient")
     assert "kernel exploded" in caplog.text
     assert all("kernel exploded" in r.calls_eager[-1] for r in torch_records.of_model(compiled))
+
+
+def test_sgd_step_compiled_by_the_backend_updates_the_parameters_as_eager(caplog):
+    """torch.compile(optimizer.step, backend="tvmfuse"): SGD's first graph creates the momentum
+    buffers and updates the parameters in place. A tvmfuse module returns values only, so that graph
+    runs eagerly with the reason logged (it was built as a 0-kernel module that lost the updates)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, x = _mlp()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = OPTIMIZERS["sgd"](model.parameters()), OPTIMIZERS["sgd"](ref.parameters())
+    step = torch.compile(opt.step, backend="tvmfuse")
+    for _ in range(3):
+        for m in (model, ref):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        step()
+        ref_opt.step()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        _close(p.detach(), q.detach(), f"parameter {name}")
+    assert "in place" in caplog.text and "left to eager PyTorch" in caplog.text

@@ -10,6 +10,7 @@ per call, launches, ratios, numerics checked against numpy), the geometric means
 roofline: memory bandwidth and matmul throughput measured in the same run, each memory-bound
 workload's latency as a multiple of its bandwidth bound, GFLOP/s of the compute-heavy ones.
 --quick: small shapes, few rounds, no roofline (a smoke run).
+--train: one training step per system (tvmfuse/bench/train.py).
 --target cuda: the same on tvm.cuda(0) (see tvmfuse/bench/gpu.py): an L2 flush before every timed
 call, medians of single calls, launches counted while running next to the static count, peers on
 the GPU where their runtime has CUDA (else skipped, with the reason). Without a GPU it stops at
@@ -67,6 +68,11 @@ def add_arguments(ap):
                     help="BERT with a symbolic sequence, built once, at 16, 64, 128 and 384 tokens against "
                          "the static builds and torch.compile(dynamic=True) (tvmfuse/bench/dynamic.py; "
                          "--workloads bert-tiny for the small config)")
+    ap.add_argument("--train", action="store_true",
+                    help="one training step (forward, backward, optimizer) per system: eager PyTorch, torch.compile "
+                         "(Inductor) and torch.compile(backend='tvmfuse') (tvmfuse/bench/train.py; workloads "
+                         "mlp, bert-small, resnet-tiny; --systems torch,torch.compile,tvmfuse)")
+    ap.add_argument("--optimizers", default=None, help="with --train: sgd, adamw (default both; --quick: sgd)")
 
 
 def _dynamic(args):
@@ -122,6 +128,10 @@ def run(args):
     quiet_runtimes()
     if getattr(args, "dynamic", False):
         return _dynamic(args)
+    if getattr(args, "train", False):
+        from . import train
+
+        return train.run(args)
     from tqdm import tqdm
 
     from . import core as bench

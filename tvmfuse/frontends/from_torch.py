@@ -114,7 +114,8 @@ def from_exported(ep, name: str, *, params: str = "constants", custom_convert_ma
     from tvm.relax.frontend.torch import from_exported_program
 
     ep = ep.run_decompositions()
-    mutated = {**ep.graph_signature.buffers_to_mutate, **ep.graph_signature.user_inputs_to_mutate}
+    sig = ep.graph_signature  # (a parameter updated in place: an optimizer step's graph)
+    mutated = {**sig.buffers_to_mutate, **sig.parameters_to_mutate, **sig.user_inputs_to_mutate}
     if pure and mutated:
         names = ", ".join(sorted(set(mutated.values()))[:4])
         raise FrontendError(f"{name} updates {names} in place (e.g. BatchNorm's running statistics in train mode); "

@@ -16,6 +16,7 @@ from .. import config
 from .plan import Refusal
 from . import legality, match_attention, profitability
 from .graph import BlockGraph
+from .group_order import GroupOrder, group_order
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -32,29 +33,39 @@ class BlockPlan:
     attention: dict = field(default_factory=dict)  # first member -> match_attention.AttentionMatch
 
 
-def _creates_cycle(g, group_of, ga, gb, members):
+def _creates_cycle(g, group_of, ga, gb, members, order=None):
     """Merging is cyclic iff a path between them runs through a third group, or through a binding
     that is not an op (g.through: a match_cast between them must run after the one and before the
     other, so they cannot be one kernel).
 
-    Node indices are block order, a topological order: every node on a path to d comes before d's
-    last member, so the search never leaves that prefix (without the bound a 30-layer model's plan
-    spent 24 s here walking to the end of the block)."""
+    The search walks groups, not nodes, and only those before the target in a topological order of
+    the groups (`order`: a GroupOrder, or group_order's dict; computed when not given): a path
+    s -> d only passes groups between s and d in that order, and d cannot reach s at all when it comes after s. (Node indices
+    are no bound: a path can enter a fused group at a late node and leave it from an early one.)
+    Without a bound a 30-layer model's plan spent 24 s here walking to the end of the block."""
+    order = group_order(g, group_of, members) if order is None else order
     for s, d in ((ga, gb), (gb, ga)):
-        last = max(members[d])
-        stack = [c for p in members[s] for c in g.users[p] if c <= last and group_of[c] not in (s, d)]
-        stack += [c for p in members[s] for c in g.through[p] if c <= last and group_of[c] != s]
+        bound = order[d]
+        if order[s] > bound:
+            continue
+        through = {group_of[c] for p in members[s] for c in g.through[p]} - {s}
+        if d in through:
+            return True
+        stack = {group_of[c] for p in members[s] for c in g.users[p]} | through
+        stack = [x for x in stack if x not in (s, d) and order[x] < bound]
         seen = set()
         while stack:
-            n = stack.pop()
-            gid = group_of[n]
-            if gid == d:
-                return True
+            gid = stack.pop()
             if gid in seen:
                 continue
             seen.add(gid)
-            stack.extend(c for p in members[gid] for c in g.users[p] | g.through[p]
-                         if c <= last and group_of[c] != gid)
+            for p in members[gid]:
+                for c in g.users[p] | g.through[p]:
+                    x = group_of[c]
+                    if x == d:
+                        return True
+                    if x != gid and order[x] < bound and x not in seen:
+                        stack.append(x)
     return False
 
 
@@ -105,6 +116,7 @@ def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
     # score and legality are functions of the two groups' members only: cached per pair, and
     # dropped for the two groups a merge changes (the cycle check depends on every group: not cached)
     scores, legal = {}, {}
+    order = GroupOrder(g, group_of, members)  # kept topological as groups merge
     while True:
         scored = []
         for (x, y), shared in _candidates(g, group_of, knobs, external_args):
@@ -119,8 +131,9 @@ def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
         for s, x, y, kind in sorted(scored, key=lambda t: (-t[0], t[1], t[2])):
             if (x, y) not in legal:
                 legal[(x, y)] = not legality.check(g, members[x] | members[y], knobs)
-            if not legal[(x, y)] or _creates_cycle(g, group_of, x, y, members):
+            if not legal[(x, y)] or _creates_cycle(g, group_of, x, y, members, order):
                 continue
+            order.merge(x, y)
             members[x] |= members.pop(y)
             how[x] += [kind] + how.pop(y)
             for i in members[x]:
@@ -162,10 +175,11 @@ def _seed_attention(g, group_of, members, how, knobs) -> dict:
 
 def _record_refusals(p, group_of, members, knobs, block_index, sealed=()):
     g = p.graph
+    order = group_order(g, group_of, members)
     for (x, y), shared in _candidates(g, group_of, knobs, _external_args(g)):
         res = ("attention", "a flash-attention group takes no other ops") if x in sealed or y in sealed \
             else legality.check(g, members[x] | members[y], knobs)
-        if res is None and _creates_cycle(g, group_of, x, y, members):
+        if res is None and _creates_cycle(g, group_of, x, y, members, order):
             res = ("cycle", "merging would create a cycle through another group")
         if res is None:
             _, why = profitability.score(g, members[x], members[y], knobs, shared)
