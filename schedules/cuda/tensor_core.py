@@ -26,6 +26,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumers, auto_inline_producers, check_sm_version,
                                         get_index_map, get_reduction_blocks)
 
+from ..common import is_reduction
 from ..rule import ScheduleRule
 from .inline import inlined
 from ..targets import CUDA
@@ -41,7 +42,7 @@ class TensorCoreMatmul(ScheduleRule):
     def apply(self, func, target):
         if target.kind.name != "cuda" or "dlight.do_not_tensorize" in (func.attrs or {}):
             return None
-        func = inlined(func)
+        func = inlined(func, keep=_cast_into_matmul)
         sch = s_tir.Schedule(func)
         reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
         if reductions is None or get_index_map(sch.get(reductions[0])) is None:
@@ -53,19 +54,37 @@ class TensorCoreMatmul(ScheduleRule):
         return _schedule(sch, reductions[0], *dtypes)
 
 
-def _epilogue_chain(sch, block) -> bool:
-    """Whether the stages after the matmul form one chain (each read by one stage at most), what
-    the store from the accumulator can take in. A group with several outputs of the matmul (GPT-2's
-    fused QKV split into three) is declined: inlining one consumer into the store would leave the
-    others reading a buffer nothing writes."""
-    while True:
-        consumers = sch.get_consumers(block)
-        if len(consumers) > 1:
-            return False
-        if not consumers:
-            return True
-        block = consumers[0]
+def _cast_into_matmul(sch, info) -> bool:
+    """Whether a stage casts an operand of the matmul (ToMixedPrecision's float32 activation cast
+    to float16 before a matmul): kept a stage, so the matmul reads the cast type, what WMMA takes,
+    and the cast is inlined into the operand's copy to shared memory (_fetch_to_shared)."""
+    block = sch.get(info.block_rv)
+    if len(block.writes) != 1 or not any(is_reduction(sch, c) for c in sch.get_consumers(info.block_rv)):
+        return False
+    out = str(block.writes[0].source.dtype)
+    return any(str(r.source.dtype) != out for r in block.reads)
 
+
+def _epilogue_chain(sch, block) -> bool:
+    """Whether the stages after the matmul end in one stage (a chain, or a diamond such as GELU's
+    x * (0.5 + 0.5 * erf(x / sqrt 2)) that joins again), what the store from the accumulator can
+    take in. A group with several outputs of the matmul (GPT-2's fused QKV split into three) is
+    declined: inlining one of them into the store would leave the others reading a buffer nothing
+    writes."""
+    seen, sinks, todo = set(), set(), [block]
+    while todo:
+        consumers = sch.get_consumers(todo.pop())
+        if not consumers:
+            continue
+        for c in consumers:
+            name = sch.get(c).name_hint
+            if name in seen:
+                continue
+            seen.add(name)
+            if not sch.get_consumers(c):
+                sinks.add(name)
+            todo.append(c)
+    return len(sinks) <= 1
 
 def _dtypes(block):
     """(input dtype, accumulator dtype) of a matmul block WMMA computes, else None: both operands
