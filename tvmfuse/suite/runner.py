@@ -121,7 +121,6 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
     """The row of model `name` (tvmfuse.suite.archs) at `size` and `batch`."""
     import torch
 
-    from ..bench.core import _tvm_system
     from ..frontends.from_torch import from_torch
 
     arch = archs.BY_NAME[name]
@@ -133,36 +132,39 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
     row["init"] = check_init(module, tensors)
     with torch.no_grad():
         ref = module(*tensors).numpy()
-    mods, ready = {}, {}
+    ready = {}
+    torch_mod = onnx_mod = None
     if "import" in stages:
         with _Stage(row, "import[torch.export]", emit):
-            mods["torch"] = from_torch(module, tensors)
+            torch_mod = from_torch(module, tensors)
+    # one imported module at a time: each holds the weights (and a build its folded and prepacked
+    # copies), so the torch.export import is built and dropped before the ONNX one is made
+    timed = "latency" in stages and size == "full"
+    if "build" in stages and torch_mod is not None:
+        row["build_source"] = "torch.export"
+        for fusion in ("tvm", "tvmfuse"):
+            _build_stage(row, name, fusion, fusion, torch_mod, arrays, module, ref, size, stages, ready, timed, emit)
+    torch_mod = None
+    gc.collect()
+    if "import" in stages:
         with _Stage(row, "import[onnx]", emit):
-            mods["onnx"] = _import_onnx(module, arrays)
-    if "build" in stages and mods:
-        main = mods.get("torch") or mods["onnx"]
-        row["build_source"] = "torch.export" if "torch" in mods else "onnx"
-        builds = [(f, f, main) for f in ("tvm", "tvmfuse")]
-        if "torch" in mods and "onnx" in mods:
-            builds.append(("tvmfuse,onnx", "tvmfuse", mods["onnx"]))
-        for key, fusion, mod in builds:
-            with _Stage(row, f"build[{key}]", emit):
-                r = _tvm_system(_loaded(name, mod, arrays, module, ref), fusion, "llvm", arrays, None)
-                ready[key] = r
-                row["launches"][key], row["ran"][key] = r.launches, r.ran
-            if key in ready and "numerics" in stages:
-                with _Stage(row, f"numerics[{key}]", emit):
-                    row["max_err"][key] = compare(ready[key].out, ref, size)
-            if key in ready and not (key in ("tvm", "tvmfuse") and "latency" in stages and size == "full"):
-                del ready[key]  # a build holds the weights (and their prepacked copies): keep only what is timed
-                r = None
-                gc.collect()
-        mods.clear()
-        builds.clear()
-        main = mod = None
+            onnx_mod = _import_onnx(module, arrays)
+    if "build" in stages and onnx_mod is not None:
+        if "build_source" not in row:  # torch.export failed: the ONNX import stands in
+            row["build_source"] = "onnx"
+            for fusion in ("tvm", "tvmfuse"):
+                _build_stage(row, name, fusion, fusion, onnx_mod, arrays, module, ref, size, stages, ready, timed,
+                             emit)
+        else:
+            _build_stage(row, name, "tvmfuse,onnx", "tvmfuse", onnx_mod, arrays, module, ref, size, stages, ready,
+                         False, emit)
+    onnx_mod = None
+    gc.collect()
     if "latency" in stages and size == "full" and ready:
         with _Stage(row, "latency", emit):
             row["latency_ms"], row["latency_skipped"] = latency(name, module, arrays, ready, ref)
+    ready.clear()
+    gc.collect()
     if "backend" in stages:
         with _Stage(row, "backend", emit):
             row["backend"] = backend(module, tensors, ref, size)
@@ -170,6 +172,24 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
                 raise RuntimeError(f"fell back to eager: {'; '.join(row['backend']['eager_reasons'])[:300]}")
     emit(row)
     return row
+
+
+def _build_stage(row, name, key, fusion, mod, arrays, module, ref, size, stages, ready, keep, emit):
+    """build[key] of `mod` under `fusion` (and numerics[key]); the build stays in `ready` only when
+    `keep` (it is timed): a build holds the weights and their prepacked copies."""
+    from ..bench.core import _tvm_system
+
+    with _Stage(row, f"build[{key}]", emit):
+        r = _tvm_system(_loaded(name, mod, arrays, module, ref), fusion, "llvm", arrays, None)
+        row["launches"][key], row["ran"][key] = r.launches, r.ran
+        ready[key] = r
+    if key in ready and "numerics" in stages:
+        with _Stage(row, f"numerics[{key}]", emit):
+            row["max_err"][key] = compare(ready[key].out, ref, size)
+    if key in ready and not keep:
+        del ready[key]
+    r = None
+    gc.collect()
 
 
 def latency(name, module, arrays, ready, ref):
