@@ -2,6 +2,7 @@
 
   python scripts/suite.py --tiny                      # the CI-sized configs, import/build/numerics/backend
   python scripts/suite.py --batch 1 --timeout 1800    # full size: every stage, latency included
+  python scripts/suite.py --merge A.json B.json --json C.json   # one result from an interrupted run and its rest
 
 Rows and summary: --json PATH (default results/suite/suite-<size>-b<batch>.json) and --markdown PATH
 (.md beside it). Stages: import,build,numerics,latency,backend (latency only at full size).
@@ -31,6 +32,8 @@ def parse(argv=None):
     p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--json", default=None)
     p.add_argument("--markdown", default=None)
+    p.add_argument("--merge", nargs="+", default=None, metavar="JSON",
+                   help="merge these result files (a later row replaces an earlier one of the same model) into --json")
     a = p.parse_args(argv)
     unknown = [m for m in a.models.split(",") if m and m not in archs.BY_NAME]
     bad = [s for s in a.stages.split(",") if s not in STAGES]
@@ -39,8 +42,26 @@ def parse(argv=None):
     return a
 
 
+def merge(a, argv):
+    import json
+
+    if not a.json:
+        raise SystemExit("--merge needs --json PATH for the merged result")
+    results = []
+    for path in a.merge:
+        with open(path) as f:
+            results.append(json.load(f))
+    command = "python scripts/suite.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    result = summary.merge(results, command)
+    summary.write(result, a.json, a.markdown or os.path.splitext(a.json)[0] + ".md")
+    print(f"merged {len(result['rows'])} rows into {a.json}")
+    return result
+
+
 def main(argv=None):
     a = parse(argv)
+    if a.merge:
+        return merge(a, argv)
     size = "tiny" if a.tiny else "full"
     models = [m for m in a.models.split(",") if m] or archs.names()
     stages = tuple(a.stages.split(","))

@@ -3,6 +3,8 @@ the summary's pass rates and geometric means come from the rows."""
 import json
 import sys
 
+import pytest
+
 from tvmfuse.suite import summary
 from tvmfuse.suite.process import run_command
 
@@ -52,3 +54,30 @@ def test_summary_pass_rates_and_geomeans():
     md = summary.markdown(result)
     assert "| build[tvmfuse] | 1 | 2 | 0.5 |" in md and "| best peer | 1.4142 | 2 |" in md
     json.dumps(result)
+
+
+def _result(rows, cpu="c", commit="abc", size="full"):
+    return {"size": size, "batch": 1, "stages": ["import", "build"], "timeout_s": 100, "command": f"run {commit}",
+            "rows": rows, "summary": summary.summarize(rows),
+            "machine": {"cpu": cpu, "mcpu": "m", "cores": 2, "logical_cpus": 2, "threads": 2, "caches": {},
+                        "commit": {"hash": commit, "dirty": False}, "versions": {}}}
+
+
+def test_merge_takes_a_later_rows_place_and_keeps_each_runs_command():
+    first = _result([_row("bert", True, {}), _row("qwen2", False, {})], commit="old")
+    rest = _result([_row("qwen2", True, {})], commit="new")
+    merged = summary.merge([first, rest], "merge")
+    assert [r["model"] for r in merged["rows"]] == ["bert", "qwen2"]
+    assert merged["summary"]["pass_all"] == {"passed": 2, "of": 2, "rate": 1.0}
+    assert merged["parts"] == [{"command": "run old", "commit": "old", "models": ["bert"]},
+                               {"command": "run new", "commit": "new", "models": ["qwen2"]}]
+    md = summary.markdown(merged)
+    assert "`run old` (commit old): bert" in md and "`run new` (commit new): qwen2" in md
+
+
+def test_merge_refuses_runs_from_different_machines_or_sizes():
+    a = _result([_row("bert", True, {})])
+    with pytest.raises(ValueError, match="different machines"):
+        summary.merge([a, _result([_row("gpt2", True, {})], cpu="other")], "m")
+    with pytest.raises(ValueError, match="different size"):
+        summary.merge([a, _result([_row("gpt2", True, {})], size="tiny")], "m")

@@ -72,8 +72,12 @@ def markdown(result) -> str:
     stages = list(summ["stages"])
     out = [f"# tvmfuse model suite ({result['size']}, batch {result['batch']})", "",
            describe(mach), "",
-           f"Command: `{result['command']}`", "", "## Pass rates", "", "| stage | passed | ran | rate |",
-           "|---|---|---|---|"]
+           f"Command: `{result['command']}`", ""]
+    for part in result.get("parts", []):
+        out.append(f"- `{part['command']}` (commit {part['commit']}): {', '.join(part['models'])}")
+    if result.get("parts"):
+        out.append("")
+    out += ["## Pass rates", "", "| stage | passed | ran | rate |", "|---|---|---|---|"]
     out += [f"| {s} | {v['passed']} | {v['ran']} | {v['rate']} |" for s, v in summ["stages"].items()]
     pa, be = summ["pass_all"], summ["backend"]
     out += ["", f"Import + build + numerics (torch.export, tvmfuse): {pa['passed']}/{pa['of']}. "
@@ -98,6 +102,36 @@ def markdown(result) -> str:
     if notes:
         out += ["", "## Sizes that differ from the default config", ""] + notes
     return "\n".join(out) + "\n"
+
+
+def merge(results, command: str) -> dict:
+    """One result from several runs of the same size and batch (an interrupted run and its rest): a
+    later run's row replaces an earlier one's for the same model; `parts` keeps each run's command,
+    commit and models. The runs must share size, batch and machine (CPU and thread count)."""
+    first = results[0]
+    for r in results[1:]:
+        for key in ("size", "batch"):
+            if r[key] != first[key]:
+                raise ValueError(f"cannot merge suite results with different {key}: {first[key]!r} and {r[key]!r} "
+                                 f"(commands {first['command']!r} and {r['command']!r})")
+        a, b = first["machine"].get("cpu"), r["machine"].get("cpu")
+        if a != b:
+            raise ValueError(f"cannot merge suite results from different machines: {a!r} and {b!r}")
+    by_model = {}
+    for r in results:
+        for row in r["rows"]:
+            by_model[row["model"]] = row
+    from .archs import names
+    order = {n: i for i, n in enumerate(names())}
+    rows = sorted(by_model.values(), key=lambda row: order.get(row["model"], len(order)))
+    parts = [{"command": r["command"], "commit": (r["machine"].get("commit") or {}).get("hash"),
+              "models": [row["model"] for row in r["rows"] if by_model[row["model"]] is row]} for r in results]
+    stages = []
+    for r in results:
+        stages += [s for s in r["stages"] if s not in stages]
+    return {"size": first["size"], "batch": first["batch"], "stages": stages,
+            "timeout_s": max(r["timeout_s"] for r in results), "command": command,
+            "machine": results[-1]["machine"], "parts": parts, "rows": rows, "summary": summarize(rows)}
 
 
 def write(result, json_path, md_path):
