@@ -5,6 +5,8 @@ fusion bought: launches, bytes moved, peak memory, latency, side by side in one 
 With no arguments: every zoo workload, bench shapes, on llvm (the host CPU).
 With tuning flags (--trials, --time-budget, --logs, --rpc-tracker, ...) it tunes with MetaSchedule and
 adds the tvm+tuned and tvmfuse+tuned variants. `tune.py merge A B -o C` merges tuning-log folders.
+With --train: one training step (forward, relax.transform.Gradient, MSE loss, the --optimizer's
+update) of each workload that has trainable parameters, measured the same way.
 """
 from __future__ import annotations
 
@@ -32,6 +34,12 @@ def parse(argv=None):
     ap.add_argument("--json", metavar="PATH", help="write all tables as JSON")
     ap.add_argument("--markdown", metavar="PATH", help="write all tables as markdown")
     ap.add_argument("--report", metavar="PATH", help="write the HTML report (graphs, charts, per-kernel profiles)")
+    ap.add_argument("--train", action="store_true",
+                    help="measure a training step (forward, backward, update) instead of inference: the zoo "
+                         "workloads with trainable parameters (mlp_block, layernorm_decomposed), or --model")
+    ap.add_argument("--optimizer", default="sgd", choices=("sgd", "momentum", "adam"), help="with --train")
+    ap.add_argument("--train-params", type=int, default=None, metavar="N",
+                    help="with --train: main's last N inputs are the trained parameters (default: the workload's own)")
     from tvmfuse.tuning import cli as tuning_cli
 
     tuning_cli.add_arguments(ap)
@@ -59,6 +67,8 @@ def main(argv=None):
 
         loaded = {} if args.model == "all" else {args.model: load(args.model, args.size)}
         names = workloads.names() if args.model == "all" else [args.model]
+        if args.train:
+            loaded, names = _training(args, loaded, names)
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -68,6 +78,10 @@ def main(argv=None):
     variants = tuple(v.strip() for v in args.variants.split(",") if v.strip())
     from tvmfuse.tuning import cli as tuning_cli
 
+    if args.train and (tuning_cli.requested(args) or any(v.endswith("+tuned") for v in variants)):
+        print("error: --train measures default schedules only; tune the inference workload first, or drop "
+              "the tuning flags and +tuned variants", file=sys.stderr)
+        return 2
     if tuning_cli.requested(args) or any(v.endswith("+tuned") for v in variants):
         variants = tuning_cli.tuned_variants(variants)
         try:
@@ -104,6 +118,22 @@ def main(argv=None):
         print(f"error: numerics differ from the reference on {bad}", file=sys.stderr)
         return 1
     return 0
+
+
+def _training(args, loaded, names):
+    """--train: the training-step workloads of `names` ({name: Workload}, [names]); with --model all
+    only those with trainable parameters, each named "<workload> train[<optimizer>]"."""
+    from tvmfuse import load
+    from tvmfuse.training.workload import trainable, training_workload
+
+    out = {}
+    for name in names:
+        w = loaded[name] if name in loaded else load(name, args.size)
+        if args.model == "all" and not trainable(w):
+            continue
+        t = training_workload(w, args.optimizer, args.train_params)
+        out[t.name] = t
+    return out, list(out)
 
 
 def _summary(results, variants):

@@ -19,7 +19,8 @@ from tvm import s_tir
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from .. import row_chain
-from ..common import block_bits, extent, inline_injective, is_reduction, lanes, schedule_spatial
+from ..common import (block_bits, extent, inline_injective, is_reduction, lanes, schedule_spatial,
+                      schedule_spatial_block)
 from ..rule import ScheduleRule
 from ..targets import CPU
 
@@ -154,9 +155,16 @@ class FullReduction(ScheduleRule):
                 return None
             chunks.append(p[0])
             blocks.append(p[1])
-        if not siblings:  # one parallel pass per reduction, in program order
+        spatial = [b for b in chain.blocks if not any(sch.get(b).same_as(sch.get(r)) for r in chain.reductions)
+                   and any(extent(sch, lp) != 1 for lp in sch.get_loops(b))]  # not a 0-d result (a mean's divide)
+        if not siblings or spatial:
+            # one parallel pass per reduction, in program order; a spatial stage that stayed a
+            # block (an output of the group beside the scalar: a loss and its gradient) is a
+            # parallel, vectorized pass of its own where it stands
             for c in chunks:
                 sch.parallel(c)
+            for b in spatial:
+                schedule_spatial_block(sch, b)
             return sch.mod["main"]
         # merge puts the merged loop where its last argument stood: pass the first chunk loop last,
         # so every partial is computed before any block that reads it (checked, not assumed)

@@ -61,6 +61,25 @@ class Node:
         if in_shape is None:
             return None
         n = len(in_shape)
+        axes = self._reduced_axes(in_shape)
+        if axes is None:
+            return None
+        if axes == list(range(n - len(axes), n)):
+            return tuple(in_shape[: n - len(axes)]), True
+        return tuple(in_shape), False
+
+
+    def _reduced_axes(self, in_shape):
+        """The input axes the reduction folds (sorted), None when they cannot be told. An `axis`
+        or `axes` attribute names them (none: all); collapse_sum_to / collapse_sum_like fold the
+        leading axes the target lacks and those where the target has 1 (broadcasting's inverse)."""
+        n = len(in_shape)
+        if self.op in ("collapse_sum_to", "collapse_sum_like"):
+            out = dims(self._ty())
+            if out is None:
+                return None
+            lead = n - len(out)
+            return [i for i in range(n) if i < lead or (out[i - lead] == 1 and in_shape[i] != 1)]
         attrs = self.call.attrs
         axes = None
         for key in ("axis", "axes"):
@@ -72,10 +91,7 @@ class Node:
             axes = list(range(n))
         elif not isinstance(axes, (list, tuple, tvm_ffi.Array)):
             axes = [axes]
-        axes = sorted({int(a) % n for a in axes}) if n else []
-        if axes == list(range(n - len(axes), n)):
-            return tuple(in_shape[: n - len(axes)]), True
-        return tuple(in_shape), False
+        return sorted({int(a) % n for a in axes}) if n else []
 
 
 class BlockGraph:

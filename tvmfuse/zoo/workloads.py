@@ -175,7 +175,8 @@ def layernorm_decomposed(size):
         d = x - mu
         return d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5) * g + b
 
-    return _wl("layernorm_decomposed", size, specs, body, ref, reduction_heavy=True)
+    return _wl("layernorm_decomposed", size, specs, body, ref, reduction_heavy=True,
+               meta={"trainable": 2})  # gamma, beta: scripts/tune.py --train
 
 
 @register
@@ -241,7 +242,7 @@ def mlp_block(size):
     # sums of 3072 products reach ~5e3 at bench size: float32 rounding gives ~1e-2 absolute error
     # next to outputs that cancel to ~0, in every system (ONNX Runtime too), so atol follows the scale
     return _wl("mlp_block", size, specs, body, ref, rtol=1e-3, atol=_pick(size, 1e-3, 5e-2),
-               flops=2 * t * d * h * 2)
+               flops=2 * t * d * h * 2, meta={"trainable": 4})  # w1, b1, w2, b2: scripts/tune.py --train
 
 
 @register
