@@ -48,3 +48,36 @@ def test_index_with_sliced_dims_and_broadcast_indices(kind):
     a = rng.integers(0, 4, size=(3, 2, 1, 1)).astype("int64")
     b = rng.integers(0, 4, size=(1, 5)).astype("int64")
     _check(Index(kind), x, a, b)
+
+
+class Alpha(torch.nn.Module):
+    def forward(self, x, y):  # SGD's weight decay add(grad, p, alpha=wd); its update add(p, buf, alpha=-lr)
+        return (torch.add(x, y, alpha=0.5) + torch.sub(x, y, alpha=2.0) + torch.add(x, 3.0, alpha=2.0)
+                + torch.rsub(x, y, alpha=3.0) + torch.rsub(x, 2.0, alpha=0.25) + torch.add(x, y))
+
+
+def test_add_and_sub_keep_alpha():
+    """TVM's converters dropped alpha (x + alpha*y imported as x + y)."""
+    rng = np.random.default_rng(0)
+    _check(Alpha(), rng.standard_normal((4, 8)).astype("float32"), rng.standard_normal((4, 8)).astype("float32"))
+
+
+def test_functional_copy_casts_broadcasts_and_leaves_self_alone():
+    """aten.copy.default(self, src) is src in self's dtype and shape; a later reader of self sees
+    self (TVM's converter, copy_'s, rebound it to src)."""
+    import tvm
+    from tvmfuse.frontends.from_torch import FIXES
+    from tvm.relax.frontend.torch import from_exported_program
+
+    class Copy(torch.nn.Module):
+        def forward(self, x, y):
+            return torch.ops.aten.copy.default(x, y) * 2 + x
+
+    x = torch.randn(3, 4)
+    y = torch.randn(4).to(torch.float64)
+    ep = torch.export.export(Copy(), (x, y))
+    mod = from_exported_program(ep, custom_convert_map=FIXES)
+    ex = tvm.compile(mod, "llvm")
+    out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(y.numpy()))
+    out = out[0] if not hasattr(out, "numpy") else out
+    np.testing.assert_allclose(out.numpy(), Copy()(x, y).numpy(), rtol=1e-6, atol=1e-6)

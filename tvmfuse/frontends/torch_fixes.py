@@ -10,6 +10,14 @@ tvmfuse.suite); from_torch.FIXES registers them over TVM's own (signature: fn(no
   (permute_dims), `relax.op.index_tensor` indexes them with the index tensors broadcast to one
   shape (right-aligned, as torch does), and the result dims are put where torch puts them: at the
   first indexed dim when the indexed dims are adjacent, else in front.
+- `add.Tensor` / `add.Scalar` / `sub.Tensor` / `sub.Scalar` / `rsub.Tensor` / `rsub.Scalar` with
+  `alpha` (x + alpha*y, x - alpha*y, y - alpha*x): TVM's converters read the two operands only and
+  dropped alpha (`torch.add(x, y, alpha=0.5)` imported as x + y; SGD's weight decay is
+  `add(grad, param, alpha=wd)`, AdamW's and SGD's steps `add(param, update, alpha=-lr)`). TVM's
+  rsub also made an untyped constant of a Python scalar.
+- `copy.default` (functional: the values of `src`, cast to `self`'s dtype and broadcast to its
+  shape): TVM's converter is copy_'s, which rebinds `self` in the importer's environment (a later
+  reader of `self` got `src`) and failed on a dtype change.
 """
 from __future__ import annotations
 
@@ -86,4 +94,70 @@ def index_tensor(node, importer):
     return emit(relax.op.permute_dims(out, perm))
 
 
-FIXES = {"div.Tensor": true_divide, "div.Scalar": true_divide, "index.Tensor": index_tensor}
+def _binary(importer, op, pyop, lhs, rhs):
+    """op(lhs, rhs) as TVM's _binary_op promotes it: two tensors to their common dtype, a Python
+    scalar to the tensor's dtype; two Python scalars computed here."""
+    from tvm import relax
+
+    emit = importer.block_builder.emit
+    if isinstance(lhs, relax.Expr) and isinstance(rhs, relax.Expr):
+        want = importer._promote_common_dtype(lhs.ty.dtype, rhs.ty.dtype)
+        if want is not None:
+            lhs = lhs if lhs.ty.dtype == want else emit(relax.op.astype(lhs, want))
+            rhs = rhs if rhs.ty.dtype == want else emit(relax.op.astype(rhs, want))
+        return emit(op(lhs, rhs))
+    if isinstance(lhs, relax.Expr):
+        return emit(op(lhs, relax.const(rhs, lhs.ty.dtype)))
+    if isinstance(rhs, relax.Expr):
+        return emit(op(relax.const(lhs, rhs.ty.dtype), rhs))
+    return pyop(lhs, rhs)
+
+
+def _scaled(importer, x, alpha):
+    """alpha * x (a tensor or a Python scalar); x itself when alpha is 1."""
+    from tvm import relax
+
+    if alpha == 1:
+        return x
+    if isinstance(x, relax.Expr):
+        return importer.block_builder.emit(relax.op.multiply(x, relax.const(alpha, x.ty.dtype)))
+    return x * alpha
+
+
+def _with_alpha(op_name: str, reverse: bool = False):
+    """aten.add / sub (x op alpha*y) or rsub (y - alpha*x, `reverse`) with torch's alpha."""
+    def convert(node, importer):
+        from tvm import relax
+
+        args = importer.retrieve_args(node)
+        x, y = args[0], args[1]
+        alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
+        op, pyop = (relax.op.add, operator.add) if op_name == "add" else (relax.op.subtract, operator.sub)
+        if reverse:
+            return _binary(importer, op, pyop, y, _scaled(importer, x, alpha))
+        return _binary(importer, op, pyop, x, _scaled(importer, y, alpha))
+
+    return convert
+
+
+def functional_copy(node, importer):
+    """aten.copy.default(self, src): src's values in self's dtype and shape; self is not rebound."""
+    from tvm import relax
+
+    args = importer.retrieve_args(node)
+    dest, src = args[0], args[1]
+    emit = importer.block_builder.emit
+    if not isinstance(src, relax.Expr):
+        return emit(relax.op.full(importer.shape_of(dest), relax.const(src, dest.ty.dtype), dest.ty.dtype))
+    if src.ty.dtype != dest.ty.dtype:
+        src = emit(relax.op.astype(src, dest.ty.dtype))
+    if list(importer.shape_of(dest)) != list(importer.shape_of(src)):
+        src = emit(relax.op.broadcast_to(src, importer.shape_of(dest)))
+    return src
+
+
+FIXES = {"div.Tensor": true_divide, "div.Scalar": true_divide, "index.Tensor": index_tensor,
+         "add.Tensor": _with_alpha("add"), "add.Scalar": _with_alpha("add"),
+         "sub.Tensor": _with_alpha("sub"), "sub.Scalar": _with_alpha("sub"),
+         "rsub.Tensor": _with_alpha("sub", reverse=True), "rsub.Scalar": _with_alpha("sub", reverse=True),
+         "copy.default": functional_copy}
