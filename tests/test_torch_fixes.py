@@ -81,3 +81,16 @@ def test_functional_copy_casts_broadcasts_and_leaves_self_alone():
     out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x.numpy()), tvm.runtime.tensor(y.numpy()))
     out = out[0] if not hasattr(out, "numpy") else out
     np.testing.assert_allclose(out.numpy(), Copy()(x, y).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_alpha_through_the_fx_route_of_the_backend():
+    """TVM's FX importer (the backend's first route) dropped alpha as well, for functions and methods."""
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+
+    def f(a, b):
+        return torch.add(a, b, alpha=0.5) - torch.sub(b, a, alpha=3) + a.add(b, alpha=2) + torch.rsub(a, b, alpha=2)
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        out = torch.compile(f, backend="tvmfuse", options={"fallback": "error"})(x, y)
+    torch.testing.assert_close(out, f(x, y), rtol=1e-5, atol=1e-6)

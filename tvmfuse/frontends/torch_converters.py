@@ -3,7 +3,8 @@ for the graphs dynamo captures from real models (the torch.compile backend, fron
 F.embedding as a function, torch.gather with keyword arguments, slices bounded by a symbolic size,
 F.batch_norm as a function (ResNet, MobileNet), F.hardtanh with positional bounds (ReLU6: the
 importer took them as -1 and 1, a wrong answer), torch.zeros, torch.diff, torch.where with a
-scalar, x.new_ones with a dtype, cumsum of a bool and indexing by several tensors (GPT-2).
+scalar, x.new_ones with a dtype, cumsum of a bool and indexing by several tensors (GPT-2), and
+add / sub / rsub with alpha (torch_fixes.py: the importer dropped it).
 Each converter takes (node, importer) and returns the Relax expression of the node; one that
 raises NotImplementedError leaves the graph to eager PyTorch.
 """
@@ -18,6 +19,7 @@ from torch import fx
 from tvm import relax
 
 from .tighten_shapes import _tightened
+from .torch_fixes import FIXES as ALPHA_FIXES
 
 
 # the import in progress (under GRAPH_LOCK): its symbols' ranges, and the importer (TVM's FX importer
@@ -270,8 +272,20 @@ def _no_op(node, importer):
     return None
 
 
+def _fx_fix(fix):
+    """A torch_fixes converter for the FX importer, which calls a method's converter (x.add(y,
+    alpha=2)) without the importer."""
+    def convert(node, importer=None):
+        return fix(node, importer or _IMPORT["importer"])
+
+    return convert
+
+
 CONVERTERS = {"embedding": _embedding, "_log_api_usage_once": _no_op, "tvmfuse_size": _size, "getitem": _getitem,
               "gather": _gather, "batch_norm": _batch_norm,
               "zeros": _filled(0), "ones": _filled(1), "new_ones": _filled(1, method=True),
               "cumsum": _cumsum, "hardtanh": _hardtanh, "Size": _size_list, "_sym_sqrt": _sym_sqrt, "diff": _diff,
-              "where": _where}
+              "where": _where,
+              # alpha of add / sub / rsub, dropped by TVM's FX importer as by its ATen one (torch_fixes.py)
+              "add": _fx_fix(ALPHA_FIXES["add.Tensor"]), "sub": _fx_fix(ALPHA_FIXES["sub.Tensor"]),
+              "rsub": _fx_fix(ALPHA_FIXES["rsub.Tensor"])}

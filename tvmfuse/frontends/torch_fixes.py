@@ -129,10 +129,12 @@ def _with_alpha(op_name: str, reverse: bool = False):
     def convert(node, importer):
         from tvm import relax
 
+        op, pyop = (relax.op.add, operator.add) if op_name == "add" else (relax.op.subtract, operator.sub)
+        alpha = node.kwargs.get("alpha", node.args[2] if len(node.args) > 2 else 1)
+        if alpha == 1 and not reverse:  # TVM's own (it also takes sizes, SymInt arithmetic)
+            return importer._binary_op(op, pyop)(node)
         args = importer.retrieve_args(node)
         x, y = args[0], args[1]
-        alpha = node.kwargs.get("alpha", args[2] if len(args) > 2 else 1)
-        op, pyop = (relax.op.add, operator.add) if op_name == "add" else (relax.op.subtract, operator.sub)
         if reverse:
             return _binary(importer, op, pyop, y, _scaled(importer, x, alpha))
         return _binary(importer, op, pyop, x, _scaled(importer, y, alpha))
