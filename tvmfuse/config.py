@@ -45,6 +45,10 @@ class Knobs:
     multi_output: bool = True  # a fused kernel may write several outputs (add + RMSNorm: sum and norm)
     stitch_reductions: bool = True  # several reductions over the same rows in one kernel (softmax)
     sibling: bool = True  # horizontal fusion of groups that read the same input
+    # independent elementwise groups joined into one kernel (fusion/fuse_horizontal.py): an optimizer
+    # step over N parameters as one kernel, not N; on for the backend's update graphs (torch_update.py)
+    horizontal: bool = False
+    horizontal_max_ops: int = 256  # ops per horizontally joined kernel, at most
     attention: bool = True  # softmax(QKᵀ)V as one flash-attention kernel (fusion/match_attention.py)
     # a transpose of a non-constant tensor fused in front of a matmul/conv that reads it: a
     # transposed weight read as stored, the head split/merge read where the matmul reads it (llvm's

@@ -41,7 +41,7 @@ from tvm.relax.frontend.torch.fx_translator import TorchFXImporter
 
 from ..build import build
 from ..errors import BackendFallbackError
-from . import torch_records, torch_train
+from . import torch_records, torch_train, torch_update
 from .torch_aten import import_aten
 from .torch_records import GraphRecord
 from .common import finish
@@ -173,6 +173,8 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
                          owner=_owner())
     if torch_train.wants_autograd(example_inputs):
         return _training(gm, example_inputs, options, fallback, autograd, record)
+    if torch_update.is_update(gm):
+        return _update(gm, example_inputs, options, fallback, record)
     try:
         fn = compile_graph(gm, example_inputs, options, record)
     except Exception as err:  # noqa: BLE001 - any failure runs the graph eagerly, never breaks the model
@@ -232,6 +234,32 @@ def _training(gm, example_inputs, options, fallback, autograd, record):
     return gm.forward
 
 
+def _update(gm, example_inputs, options, fallback, record):
+    """A graph that updates its inputs in place, an optimizer step (torch_update.py): its functional
+    ATen graph built by tvmfuse, the updates copied back; or the dynamo graph in eager PyTorch with
+    the reason recorded."""
+    why = torch_update.refusal(gm, example_inputs)
+    if not why:
+        def new_record(kind, ops):
+            return dataclasses.replace(record, kind=kind, ops=ops, calls_eager=[], notes=[])
+
+        try:
+            return torch_update.update_backend(gm, example_inputs, options, fallback, new_record)
+        except Exception as err:  # noqa: BLE001 - AOTAutograd could not trace it: eager, updates intact
+            if fallback == "error":
+                raise
+            why = f"AOTAutograd could not trace the update graph: {type(err).__name__}: {_first_line(err)}"
+            log.debug("the failure", exc_info=True)
+    record.kind, record.reason = "update", why
+    first = torch_records.add(record)
+    if fallback == "error":
+        raise BackendFallbackError(f"tvmfuse backend: graph {record.compile_id} of {record.root[1]} cannot be "
+                                   f"compiled as an update: {why}")
+    (log.warning if first else log.info)("tvmfuse backend: graph %s of %s left to eager PyTorch: %s",
+                                         record.compile_id, record.root[1], why)
+    return gm.forward
+
+
 def _state_ids(gm, example_inputs) -> frozenset:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     return frozenset(id(t) for n, t in zip(placeholders, example_inputs)
@@ -244,7 +272,10 @@ def _owner():
         tx = InstructionTranslator.current_tx()
     except AttributeError:  # the backend called outside dynamo (no frame being traced)
         return None
-    mod = next((v for v in getattr(tx, "f_locals", {}).values() if isinstance(v, torch.nn.Module)), None)
+    local = getattr(tx, "f_locals", {}).values()
+    mod = next((v for v in local if isinstance(v, torch.nn.Module)), None)
+    if mod is None:  # an optimizer's step: its optimizer (torch_records.of_callable)
+        mod = next((v for v in local if isinstance(v, torch.optim.Optimizer)), None)
     return weakref.ref(mod) if mod is not None else None
 
 

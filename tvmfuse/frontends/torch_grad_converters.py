@@ -15,6 +15,8 @@ the graph runs in eager PyTorch with it logged.
     grad_bias   = grad_out summed over batch and space.
   Outputs `output_mask` does not ask for are zeros no one reads (dead code after import).
 - `index_put` with index tensors for leading dims only (the embedding's backward) as scatter_nd.
+- `prims.fma` (a * b + c: core ATen's decomposition of an optimizer's `addcmul_`, AdamW's second
+  moment) as a multiply and an add, a Python scalar operand in the tensor's dtype.
 """
 from __future__ import annotations
 
@@ -95,5 +97,20 @@ def _index_put(node, importer):
     return bb.emit(relax.op.scatter_nd(data, flat, values, "add" if accumulate else "update"))
 
 
-GRAD_CONVERTERS = {"convolution_backward.default": _convolution_backward, "index_put.default": _index_put,
+def _fma(node, importer):
+    """prims.fma(a, b, c) = a * b + c (not fused into one rounding: TVM has no fma op; the update
+    graphs' tolerance against eager is 1e-5)."""
+    from tvm import relax
+
+    a, b, c = importer.retrieve_args(node)[:3]
+    like = next(x for x in (a, b, c) if isinstance(x, relax.Expr))
+    emit = importer.block_builder.emit
+
+    def tensor(x):
+        return x if isinstance(x, relax.Expr) else relax.const(x, like.ty.dtype)
+
+    return emit(relax.op.add(emit(relax.op.multiply(tensor(a), tensor(b))), tensor(c)))
+
+
+GRAD_CONVERTERS = {"fma.default": _fma, "convolution_backward.default": _convolution_backward, "index_put.default": _index_put,
                    "index_put_.default": _index_put}

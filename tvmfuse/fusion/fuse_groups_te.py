@@ -146,8 +146,11 @@ def _plan_groups(p, b: int) -> list[Group]:
     out = []
     for j, members in enumerate(p.groups):
         ops = tuple((g.by_idx[i].name, g.by_idx[i].op, g.by_idx[i].cls) for i in members)
+        merges = tuple(p.merges.get(members[0], ()))
         kind = "flash attention" if members[0] in p.attention else group_kind(c for _, _, c in ops)
-        out.append(Group(f"b{b}g{j}", b, j, ops, kind, tuple(p.merges.get(members[0], ()))))
+        if "horizontal" in merges:  # fuse_horizontal.py: independent nests side by side
+            kind = f"horizontal ({merges.count('horizontal') + 1} independent nests)"
+        out.append(Group(f"b{b}g{j}", b, j, ops, kind, merges))
     return out
 
 

@@ -3,7 +3,8 @@
 Each attention (match_attention.py) starts as one sealed group that merges with nothing else.
 Candidates are producer->consumer edges between groups and sibling pairs (groups reading the same
 external input). The best-scored candidate that is legal (legality.py) and creates no cycle is
-merged; repeat until none is left. Refusals of the final plan are logged on `tvmfuse.fusion`.
+merged; repeat until none is left. With the knob `horizontal` on, independent elementwise groups
+are then joined (fuse_horizontal.py). Refusals of the final plan are logged on `tvmfuse.fusion`.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tvm import relax
 
 from .. import config
 from .plan import Refusal
-from . import legality, match_attention, profitability
+from . import fuse_horizontal, legality, match_attention, profitability
 from .graph import BlockGraph
 from .group_order import GroupOrder, group_order
 
@@ -144,10 +145,14 @@ def plan(block, outputs, knobs=None, block_index: int = 0) -> BlockPlan:
             break
         if not merged:
             break
+    joined = []
+    if knobs["horizontal"]:  # independent elementwise groups as one kernel (fuse_horizontal.py)
+        joined = fuse_horizontal.join(g, group_of, members, how, order, sealed, knobs, block_index, _creates_cycle)
     p = BlockPlan(g, [sorted(m) for m in sorted(members.values(), key=min)],
                   merges={min(members[x]): how[x] for x in members},
                   attention={min(members[x]): m for x, m in sealed.items()})
     _record_refusals(p, group_of, members, knobs, block_index, sealed)
+    p.refused += joined
     return p
 
 

@@ -1,0 +1,100 @@
+"""Horizontal fusion: independent elementwise groups of one dataflow block joined into one kernel.
+
+An optimizer step over N parameters is N independent elementwise chains (one per parameter: its
+gradient, its state and its update), which the planner's vertical and sibling merges leave as N
+groups, N kernels. This pass joins such groups into one group: one PrimFunc whose body is the
+groups' loop nests side by side (each keeps its own iteration space and its own TE computes, so
+the math is unchanged; the CPU schedule's Injective rule parallelises and vectorises each nest),
+one launch instead of N.
+
+Contract: `join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic)` runs inside
+plan_fusion.plan after its merge loop, when the knob `horizontal` is on (config.py: off by default,
+on for the torch backend's update graphs, frontends/torch_update.py). It takes the planner's live
+groups and merges in place (members, group_of, how: "horizontal", the GroupOrder `order`); it
+returns the refusals it logged ([plan.Refusal], kind "horizontal"). A group joins only when
+  - every op of it is elementwise or broadcast (a reduction, matmul, gather or layout op is never
+    joined: rule "not_elementwise"), and it is not a sealed attention group;
+  - no path runs between it and the joined group in either direction, directly or through another
+    group (rule "dependent": one would have to wait for the other; `cyclic` is the planner's
+    cycle check, the direct edges are checked here);
+  - the joined group stays within `horizontal_max_ops` ops (rule "horizontal_max_ops"; the joined
+    nests are independent, so `max_group_size`, a bound on one fused nest, does not apply), and
+    legality.check passes on it otherwise (multi_output on, no opaque op).
+Groups are visited in the block's topological group order; each joins the first open horizontal
+group that takes it, or opens a new one. A horizontal group of one member is no merge at all.
+Every refusal is logged on `tvmfuse.fusion` with its rule.
+"""
+from __future__ import annotations
+
+import logging
+
+from . import legality
+from .classify import BROADCAST, ELEMENTWISE
+from .plan import Refusal
+
+log = logging.getLogger("tvmfuse.fusion")
+
+JOINABLE = (ELEMENTWISE, BROADCAST)
+
+
+def _not_elementwise(g, group) -> str | None:
+    for i in sorted(group):
+        n = g.by_idx[i]
+        if n.cls not in JOINABLE:
+            return f"{n.name} ({n.op}) is {n.cls}, not elementwise"
+    return None
+
+
+def _direct_edge(g, a, b) -> bool:
+    return any(g.users[p] & b for p in a) or any(g.users[p] & a for p in b) or \
+        any(g.through[p] & b for p in a) or any(g.through[p] & a for p in b)
+
+
+def _why_not(g, group_of, members, x, y, order, knobs, cyclic):
+    """(rule, reason) refusing to join group y into horizontal group x, or None."""
+    merged = members[x] | members[y]
+    if len(merged) > knobs["horizontal_max_ops"]:
+        return "horizontal_max_ops", (f"the horizontal group would hold {len(merged)} ops > "
+                                      f"horizontal_max_ops={knobs['horizontal_max_ops']}")
+    if _direct_edge(g, members[x], members[y]) or cyclic(g, group_of, x, y, members, order):
+        return "dependent", "a path runs between the two groups: one must finish before the other starts"
+    res = legality.check(g, merged, {**knobs, "max_group_size": max(knobs["max_group_size"], len(merged))})
+    return res
+
+
+def join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic) -> list:
+    """Join independent elementwise groups (see the module docstring); -> the refusals."""
+    refused = []
+
+    def names(group):
+        return tuple(g.by_idx[i].name for i in sorted(group))
+
+    def refuse(a, b, rule, reason):
+        refused.append(Refusal(block_index, names(a), names(b), "horizontal", rule, reason))
+        log.info("refused horizontal %s + %s: [%s] %s", list(names(a)), list(names(b)), rule, reason)
+
+    candidates = []
+    for gid in sorted(members, key=lambda x: order[x]):
+        why = "a flash-attention group takes no other ops" if gid in sealed else _not_elementwise(g, members[gid])
+        if why:
+            if len(members) > 1:
+                refuse(members[gid], set(), "not_elementwise", why)
+            continue
+        candidates.append(gid)
+    if len(candidates) < 2:
+        return refused
+    bins = []  # the horizontal groups open so far (group ids)
+    for gid in candidates:
+        for x in bins:
+            res = _why_not(g, group_of, members, x, gid, order, knobs, cyclic)
+            if res is None:
+                order.merge(x, gid)
+                members[x] |= members.pop(gid)
+                how[x] += ["horizontal"] + how.pop(gid)
+                for i in members[x]:
+                    group_of[i] = x
+                break
+            refuse(members[x], members[gid], *res)
+        else:
+            bins.append(gid)
+    return refused
