@@ -274,8 +274,9 @@ def _owner():
         return None
     local = getattr(tx, "f_locals", {}).values()
     mod = next((v for v in local if isinstance(v, torch.nn.Module)), None)
-    if mod is None:  # an optimizer's step: its optimizer (torch_records.of_callable)
-        mod = next((v for v in local if isinstance(v, torch.optim.Optimizer)), None)
+    if mod is None:  # an optimizer's step: its optimizer (torch_records.of_callable), `self` or in `args`
+        flat = [x for v in local for x in (v if isinstance(v, tuple) else (v,))]
+        mod = next((v for v in flat if isinstance(v, torch.optim.Optimizer)), None)
     return weakref.ref(mod) if mod is not None else None
 
 

@@ -37,6 +37,7 @@ class GraphRecord:
     owner: object = None  # weakref to the module whose forward dynamo traced (its `self`), when live
     kind: str = ""  # "" for an inference graph; AOTAutograd's "forward" / "backward" / "inference" when training
     notes: list = field(default_factory=list)  # what a call should know (a backward under create_graph=True)
+    copies: int = 0  # an update graph's mutated inputs, each copied back per call (one copy_ each; torch_update.py)
 
     @property
     def eager(self) -> bool:
@@ -51,6 +52,8 @@ class GraphRecord:
         text = head + f"tvmfuse ({c.fusion}, {c.launches} kernels"
         text += ", via torch.export: TVM's FX importer failed: " + self.fx_error if self.route == "aten" else ""
         text += ")"
+        if self.copies:
+            text += f" + {self.copies} copy_ of the updated tensors into place"
         if self.calls_eager:
             text += f"; {len(self.calls_eager)} call(s) ran eagerly: {self.calls_eager[-1]}"
         if self.notes:
@@ -119,9 +122,27 @@ def of_model(model) -> list:
     return [r for r in RECORDS if belongs(r)]
 
 
+def of_callable(fn) -> list:
+    """The records of a compiled function (`torch.compile(opt.step)`, or a step function that calls
+    it): the graphs whose root is its code, or whose traced frame's owner is the object it is bound
+    to (an optimizer)."""
+    orig = getattr(fn, "_torchdynamo_orig_callable", fn)
+    bound = getattr(orig, "__self__", None)
+    code = getattr(getattr(orig, "__func__", orig), "__code__", None)
+
+    def belongs(r):
+        owner = r.owner() if r.owner is not None else None
+        if bound is not None and owner is bound:
+            return True
+        return code is not None and tuple(r.root[:2]) == (code.co_filename, code.co_name)
+
+    return [r for r in RECORDS if belongs(r)]
+
+
 def report(model) -> str:
-    """Text: every graph of the model the backend saw, compiled or eager with its reason."""
-    records = of_model(model)
+    """Text: every graph of the model (or of a compiled function, `of_callable`) the backend saw,
+    compiled or eager with its reason."""
+    records = of_model(model) if callable(getattr(model, "modules", None)) else of_callable(model)
     if not records:
         return ("no graph of this model has reached the tvmfuse backend yet: call the compiled model once "
                 "(torch.compile compiles on the first call)")

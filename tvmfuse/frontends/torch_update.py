@@ -126,7 +126,22 @@ def update_backend(gm, example_inputs, options: dict, fallback: str, new_record)
     from torch._functorch.aot_autograd import aot_module_simplified
 
     options = {"horizontal": True, **options}
-    compiler = torch_train._compiler("update", options, fallback, new_record)
+    build_one = torch_train._compiler("update", options, fallback, new_record)
+
+    def compiler(aot_gm, aot_inputs):
+        call = build_one(aot_gm, aot_inputs)
+        call.record.copies = _copies()
+        return call
+
     with torch.no_grad():
         return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, inference_compiler=compiler,
                                      decompositions=decompositions(), keep_inference_input_mutations=False)
+
+
+def _copies() -> int:
+    """How many mutated inputs AOTAutograd's runtime wrapper copies back per call (its metadata of
+    the graph being compiled); 0 when it cannot be read."""
+    from torch._guards import TracingContext
+
+    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
+    return int(getattr(meta, "num_mutated_inp_runtime_indices", 0) or 0)

@@ -34,9 +34,10 @@ def explain(mod_or_compiled, target="llvm", **knobs) -> str:
     """Text: every fused group with the op classes inside, every group TE lowering refused, and every
     refused merge with its rule. Of a `Compiled`, its own plan; of a module, the plan of a tvmfuse
     build for `target`. Of a torch model (`torch.compile(model, backend="tvmfuse")` or the model
-    itself, after a call): every graph dynamo gave the backend, compiled by tvmfuse or eager with its
-    reason (frontends/torch_records.py)."""
-    if callable(getattr(mod_or_compiled, "modules", None)):  # a torch.nn.Module or torch.compile's wrapper
+    itself, after a call) or a compiled function (`torch.compile(opt.step, backend="tvmfuse")`): every
+    graph dynamo gave the backend, compiled by tvmfuse or eager with its reason (frontends/torch_records.py)."""
+    if callable(getattr(mod_or_compiled, "modules", None)) or hasattr(mod_or_compiled, "_torchdynamo_orig_callable"):
+        # a torch.nn.Module, torch.compile's wrapper of one, or a compiled function (an optimizer's step)
         if knobs:
             raise TypeError("explain of a torch model takes no knobs: it reports what the backend did")
         return torch_records.report(mod_or_compiled)

@@ -1,0 +1,118 @@
+"""Golden tests of fusion/fuse_horizontal.py: independent elementwise groups joined into one kernel
+(knob `horizontal`, off by default), and the cases where it must not fire."""
+import logging
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax import op as R
+
+import tvmfuse
+from tvmfuse.fusion.plan import Plan
+from tvmfuse.relax_utils import call_tir_sites
+
+from conftest import assert_matches
+
+
+def _mod(specs, body):
+    bb = relax.BlockBuilder()
+    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in specs]
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = body(bb, *params)
+            out = bb.emit_output(relax.Tuple(out) if isinstance(out, list) else out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _callees(mod):
+    return [gv.name_hint for _, gv, _, _ in call_tir_sites(mod["main"])]
+
+
+def _sgd_like(bb, p1, g1, p2, g2, p3, g3):
+    """Three independent parameter updates of different shapes: p - 0.1 * (g + 0.01 * p)."""
+    outs = []
+    for p, g in ((p1, g1), (p2, g2), (p3, g3)):
+        d = bb.emit(R.add(g, bb.emit(R.multiply(p, relax.const(0.01, "float32")))))
+        outs.append(bb.emit(R.subtract(p, bb.emit(R.multiply(d, relax.const(0.1, "float32"))))))
+    return outs
+
+
+SPECS = [("p1", (16, 8)), ("g1", (16, 8)), ("p2", (16,)), ("g2", (16,)), ("p3", (4, 16)), ("g3", (4, 16))]
+
+
+def _inputs(specs, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(s).astype("float32") for _, s in specs]
+
+
+def test_golden_independent_updates_are_one_kernel_with_their_own_nests():
+    mod = _mod(SPECS, _sgd_like)
+    assert len(_callees(tvmfuse.fuse(mod))) == 3  # off by default: one kernel per update
+    fused = tvmfuse.fuse(mod, horizontal=True)
+    (name,) = _callees(fused)
+    pf = fused[name]
+    assert len(pf.params) == 9  # six inputs, three outputs of three shapes
+    groups = [g for g in Plan.of(fused).groups if g.fused]
+    assert len(groups) == 1 and groups[0].kind.startswith("horizontal (3")
+    args = _inputs(SPECS)
+    c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    assert c.launches == 1
+    want = [p - 0.1 * (g + 0.01 * p) for p, g in zip(args[::2], args[1::2])]
+    for got, ref in zip(c(*args), want):
+        assert_matches(got, ref, 1e-6, 1e-6)
+    assert tvmfuse.build(mod, "llvm", "tvmfuse").launches == 3
+
+
+def test_must_not_fire_dependent_groups(caplog):
+    """a = exp(2x) -> c = cumsum(a) (opaque: a scan) -> b = tanh(c + 1): the two elementwise groups
+    are connected through the scan; one kernel for both would have to hold the scan between them."""
+    def body(bb, x):
+        a = bb.emit(R.exp(bb.emit(R.multiply(x, relax.const(2.0, "float32")))))
+        c = bb.emit(R.cumsum(a, axis=1))
+        return [bb.emit(R.tanh(bb.emit(R.add(c, relax.const(1.0, "float32"))))), a]
+
+    mod = _mod([("x", (8, 16))], body)
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    assert not any(g.kind.startswith("horizontal") for g in c.plan.groups)
+    assert any(r.kind == "horizontal" and r.rule == "dependent" for r in c.plan.refused)
+    assert "refused horizontal" in caplog.text and "[dependent]" in caplog.text
+    (x,) = _inputs([("x", (8, 16))], 1)
+    a = np.exp(x * 2)
+    out = c(x)
+    assert_matches(out[0], np.tanh(np.cumsum(a, axis=1) + 1), 1e-5, 1e-5)
+    assert_matches(out[1], a, 1e-5, 1e-6)
+
+
+def test_must_not_fire_non_elementwise_groups():
+    """Two independent row softmaxes (reductions) and a matmul stay their own kernels; the two
+    elementwise chains beside them are joined."""
+    def body(bb, x, y, w, u, v):
+        return [bb.emit(R.nn.softmax(x)), bb.emit(R.nn.softmax(y)), bb.emit(R.matmul(x, w)),
+                bb.emit(R.exp(bb.emit(R.add(u, u)))), bb.emit(R.tanh(bb.emit(R.multiply(v, v))))]
+
+    specs = [("x", (8, 16)), ("y", (4, 16)), ("w", (16, 8)), ("u", (32,)), ("v", (2, 3))]
+    mod = _mod(specs, body)
+    c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    joined = [g for g in c.plan.groups if g.kind.startswith("horizontal")]
+    assert len(joined) == 1 and {op for _, op, _ in joined[0].ops} == {"add", "exp", "multiply", "tanh"}
+    assert not any(r.rule != "not_elementwise" and r.kind == "horizontal" for r in c.plan.refused)
+    assert sum(r.rule == "not_elementwise" for r in c.plan.refused) >= 3
+    x, y, w, u, v = _inputs(specs, 2)
+    out = c(x, y, w, u, v)
+    assert_matches(out[2], x @ w, 1e-5, 1e-5)
+    assert_matches(out[3], np.exp(u + u), 1e-5, 1e-6)
+    assert_matches(out[4], np.tanh(v * v), 1e-5, 1e-6)
+    assert c.launches == 4  # two softmaxes, the matmul, the joined elementwise kernel
+
+
+def test_horizontal_max_ops_bounds_a_joined_group(caplog):
+    mod = _mod(SPECS, _sgd_like)
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True, horizontal_max_ops=8)
+    assert c.launches == 2  # 4 ops per update: two fit in 8, the third opens a second kernel
+    assert "horizontal_max_ops=8" in caplog.text
+    args = _inputs(SPECS)
+    for got, (p, g) in zip(c(*args), zip(args[::2], args[1::2])):
+        assert_matches(got, p - 0.1 * (g + 0.01 * p), 1e-6, 1e-6)
