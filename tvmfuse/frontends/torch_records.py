@@ -127,16 +127,32 @@ def of_callable(fn) -> list:
     it): the graphs whose root is its code, or whose traced frame's owner is the object it is bound
     to (an optimizer)."""
     orig = getattr(fn, "_torchdynamo_orig_callable", fn)
-    bound = getattr(orig, "__self__", None)
-    code = getattr(getattr(orig, "__func__", orig), "__code__", None)
+    func = getattr(orig, "__func__", orig)
+    code = getattr(func, "__code__", None)
+    # what the function reaches: the object it is bound to, its closure's and its named globals'
+    # values (a step function's optimizer); dynamo roots a step's graph at the optimizer's own step
+    reached = [getattr(orig, "__self__", None)]
+    reached += [c.cell_contents for c in getattr(func, "__closure__", None) or () if _filled(c)]
+    if code is not None:
+        names = getattr(func, "__globals__", {})
+        reached += [names[n] for n in code.co_names if n in names]
+    ids = {id(x) for x in reached if x is not None}
 
     def belongs(r):
         owner = r.owner() if r.owner is not None else None
-        if bound is not None and owner is bound:
+        if owner is not None and id(owner) in ids:
             return True
         return code is not None and tuple(r.root[:2]) == (code.co_filename, code.co_name)
 
     return [r for r in RECORDS if belongs(r)]
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
 
 
 def report(model) -> str:
