@@ -6,11 +6,11 @@ tvmfuse, frontends/torch_train.py), all on tvmfuse's runtime thread count (torch
 Models and optimizers: bench/train_models.py. A step is `zero_grad(set_to_none=True)`, the MSE
 loss of the model's output against a fixed random target, `backward()` and the optimizer's step.
 
-The optimizer step goes through each system's backend where that is correct (OPT_BACKENDS):
-Inductor compiles torch.optim's step (torch.compile of `optimizer.step`); the tvmfuse backend leaves
-its graphs to eager PyTorch (they update the parameters in place, which a tvmfuse module, returning
-values only, cannot; AdamW's also has aten.fma, which TVM's importer lacks), so tvmfuse's step runs
-in eager PyTorch, without dynamo's guards around it.
+The optimizer step goes through each system's backend (OPT_BACKENDS: torch.compile of
+`optimizer.step`): Inductor compiles torch.optim's step; the tvmfuse backend builds its update graph
+(frontends/torch_update.py: functionalized by AOTAutograd, the per-parameter updates joined into one
+kernel by fusion/fuse_horizontal.py, the new values copied into the parameters and the optimizer
+state by AOT's wrapper, one copy_ each).
 
 Every system starts from the same weights, runs WARMUP_STEPS steps (compiles and recompiles
 happen there) and its parameters are checked against eager's after them (`ok`). Then the systems
@@ -21,7 +21,9 @@ Launches per step, by part (`parts`): eager ATen ops (one kernel each on the CPU
 default is its per-parameter loop), counted with a TorchDispatchMode; Inductor's kernel calls in
 the `call()` of the code it generated for the step's graphs (its cpp_fused_* kernels and
 extern_kernels such as mm; `generated_kernel_count` is Inductor's own metric, recompiles included);
-tvmfuse's launches from the plans of its forward and backward builds. Bytes moved per step: tvmfuse's
+tvmfuse's launches from the plans of its forward, backward and update builds, plus the update's
+copy-backs (`copy_back`: one copy_ per updated tensor; where an update graph ran eagerly, the
+optimizer part is eager's ATen op count instead, noted). Bytes moved per step: tvmfuse's
 builds' kernels' reads and writes (runtime/metrics.py bytes_moved); the peers have no such measure.
 """
 from __future__ import annotations
@@ -37,8 +39,7 @@ from .report import geomean
 
 SYSTEMS = ("torch", "torch.compile", "tvmfuse")
 BACKENDS = {"torch": None, "torch.compile": "inductor", "tvmfuse": "tvmfuse"}  # the model's
-OPT_BACKENDS = {"torch": None, "torch.compile": "inductor", "tvmfuse": None}  # the optimizer step's
-OPT_NOTES = {"tvmfuse": "optimizer step in eager PyTorch (the tvmfuse backend does not compile torch.optim's step)"}
+OPT_BACKENDS = {"torch": None, "torch.compile": "inductor", "tvmfuse": "tvmfuse"}  # the optimizer step's
 WARMUP_STEPS = 3
 RTOL, ATOL = 1e-3, 1e-5  # parameters after WARMUP_STEPS against eager's (atol: of each tensor's largest entry)
 
@@ -178,11 +179,19 @@ def _count(row, system, step, model_w, opt_w):
     else:
         builds = {k: [r.compiled for r in model_w.records if r.kind == k and r.compiled is not None]
                   for k in ("forward", "backward")}
-        parts = {k: sum(c.launches for c in cs) for k, cs in builds.items()}
-        parts["optimizer"] = _aten_ops(step.opt_step)
+        updates = [r for r in opt_w.records if r.kind == "update"]
+        builds["update"] = [r.compiled for r in updates if r.compiled is not None]
+        parts = {k: sum(c.launches for c in cs) for k, cs in builds.items() if k != "update"}
+        notes = [r.line() for r in model_w.records + opt_w.records if r.compiled is None or r.calls_eager]
+        if updates and all(r.compiled is not None for r in updates):
+            parts["optimizer"] = sum(c.launches for c in builds["update"])
+            parts["copy_back"] = sum(r.copies for r in updates)
+            notes.insert(0, f"optimizer step built by tvmfuse: {parts['optimizer']} kernel(s) + "
+                            f"{parts['copy_back']} copy_ into place")
+        else:  # an update graph ran eagerly: count eager's ATen ops for the step
+            parts["optimizer"] = _aten_ops(step.opt.step)
+            notes.insert(0, "optimizer step (partly) in eager PyTorch: its launches are eager's ATen ops")
         row.bytes[system] = sum(bytes_moved(c.mod, c.kernel_function)[0] for cs in builds.values() for c in cs)
-        eager = [r.line() for r in model_w.records if r.compiled is None or r.calls_eager]
-        notes = [OPT_NOTES[system]] + eager
         row.notes[system] = "; ".join(notes)
     row.parts[system] = parts
     row.launches[system] = sum(v for k, v in parts.items() if k != "generated_kernel_count")

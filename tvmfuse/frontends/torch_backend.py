@@ -13,8 +13,9 @@ graph, or {dynamo symbol: sizes}; static versions for those sizes inside the one
 tvmfuse.build), and any fusion knob (tvmfuse/config.py).
 
 A graph TVM's FX importer cannot take goes the ATen route (frontends/torch_aten.py: torch.export,
-then TVM's ExportedProgram importer). A graph neither takes (a build error, inputs on a GPU, an
-in-place buffer update) runs in eager PyTorch and the model still runs: the first such graph of a
+then TVM's ExportedProgram importer). A graph that updates its inputs or attributes in place under
+no_grad (an optimizer step, train-mode BatchNorm's running statistics) goes the update route
+(frontends/torch_update.py). A graph none takes (a build error, inputs on a GPU) runs in eager PyTorch and the model still runs: the first such graph of a
 model is a WARNING on `tvmfuse.torch`, later ones INFO, each graph's outcome is recorded
 (frontends/torch_records.py, `tvmfuse.explain(compiled_model)`), and `fallback="error"` raises
 BackendFallbackError instead. Recompiles on guard failures are dynamo's. `dynamic=True` graphs are built
