@@ -146,3 +146,26 @@ def test_an_update_tvmfuse_cannot_build_runs_eagerly_with_its_reason(caplog):
     assert records and all(r.compiled is None and "lgamma" in r.reason for r in records)
     assert "lgamma" in caplog.text and "eager" in caplog.text
     assert "EAGER" in tvmfuse.explain(compiled)
+
+
+def test_the_update_route_takes_in_place_updates_of_inputs_only():
+    """torch_update.is_update: an in-place op on a graph input or attribute (a parameter, a state
+    tensor) sends the graph to the update route; one on a tensor the graph made itself does not."""
+    from tvmfuse.frontends.torch_update import is_update
+
+    def graph_of(fn, *args):
+        graphs = []
+
+        def grab(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        torch._dynamo.reset()
+        torch.compile(fn, backend=grab)(*args)
+        return graphs[0]
+
+    x, y = torch.randn(4), torch.randn(4)
+    assert is_update(graph_of(lambda a, b: a.add_(b), x, y))
+    assert is_update(graph_of(lambda a, b: torch._foreach_mul_([a, b], 0.5), x, y))
+    assert not is_update(graph_of(lambda a, b: (a * 2).add_(b).relu_(), x, y))
+    assert not is_update(graph_of(lambda a, b: a + b, x, y))
