@@ -169,3 +169,13 @@ def test_the_update_route_takes_in_place_updates_of_inputs_only():
     assert is_update(graph_of(lambda a, b: torch._foreach_mul_([a, b], 0.5), x, y))
     assert not is_update(graph_of(lambda a, b: (a * 2).add_(b).relu_(), x, y))
     assert not is_update(graph_of(lambda a, b: a + b, x, y))
+
+
+def test_an_update_off_the_cpu_is_refused_before_aot():
+    """A tensor on another device (a GPU's; here the meta device stands in) is refused with the
+    reason, and the dynamo graph runs eagerly."""
+    from tvmfuse.frontends.torch_update import refusal
+
+    gm = torch.fx.symbolic_trace(lambda a, b: a.add_(b))
+    assert "on meta" in refusal(gm, [torch.empty(4, device="meta"), torch.empty(4, device="meta")])
+    assert refusal(gm, [torch.empty(4), torch.empty(4)]) == ""

@@ -2,7 +2,8 @@
 TVM's FX importer, or the ATen route: torch.export of the graph) or left to eager PyTorch, and why.
 
 The backend (frontends/torch_backend.py) adds one `GraphRecord` per graph (in training, one per
-ATen graph AOTAutograd makes of it: its forward and its backward, frontends/torch_train.py). A model's records are
+ATen graph AOTAutograd makes of it: its forward and its backward, frontends/torch_train.py; an
+optimizer step's update graph, frontends/torch_update.py). A model's records are
 the graphs whose root code is the forward of one of its modules (a graph break's resume function
 counts as the forward it resumes), so `tvmfuse.explain(torch.compile(model, backend="tvmfuse"))`
 reports, after a call, every graph of that model and what ran eagerly. The first graph of a model
@@ -35,7 +36,8 @@ class GraphRecord:
     calls_eager: list = field(default_factory=list)  # reasons a call of a compiled graph ran eagerly
     state: frozenset = frozenset()  # id() of the parameters and buffers dynamo passed as inputs
     owner: object = None  # weakref to the module whose forward dynamo traced (its `self`), when live
-    kind: str = ""  # "" for an inference graph; AOTAutograd's "forward" / "backward" / "inference" when training
+    kind: str = ""  # "" for an inference graph; AOTAutograd's "forward" / "backward" / "inference" when training;
+    # "update" for an in-place update graph (an optimizer step, frontends/torch_update.py)
     notes: list = field(default_factory=list)  # what a call should know (a backward under create_graph=True)
     copies: int = 0  # an update graph's mutated inputs, each copied back per call (one copy_ each; torch_update.py)
 
