@@ -25,15 +25,12 @@ cannot import or build (the ATen graph, AOT's copy-back intact). Either way the 
 """
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from . import torch_train
 
-log = logging.getLogger("tvmfuse.torch")
-
-# the foreach ops of torch.optim's foreach implementations (SGD, Adam(W), Adagrad, RMSprop, ...)
+# the elementwise foreach ops torch.optim's foreach implementations use (SGD and AdamW are tested,
+# tests/test_torch_optimizer.py; an op TVM cannot convert leaves its graph to eager, logged)
 _FOREACH = ("add", "sub", "mul", "div", "addcmul", "addcdiv", "lerp", "pow", "maximum", "minimum", "neg",
             "sqrt", "rsqrt", "reciprocal", "abs", "exp", "log", "sign", "clamp_min", "clamp_max", "sigmoid",
             "tanh", "zero")
