@@ -182,27 +182,46 @@ class Compiled:
         return relax.VirtualMachine(self.executable, self.device)
 
     def convert_inputs(self, arrays):
-        if len(arrays) != len(self.params):
+        """numpy arrays (or what np.asarray takes) -> tvm.runtime.Tensors on the device, each checked
+        against main's parameters (InputError naming the input)."""
+        arrays = [np.asarray(a) for a in arrays]
+        self.check_inputs([(tuple(a.shape), str(a.dtype)) for a in arrays])
+        # np.ascontiguousarray turns a 0-d array into shape (1,): keep the shape (found by fuzzing)
+        return [tvm.runtime.tensor(np.ascontiguousarray(a).reshape(a.shape), self.device) for a in arrays]
+
+    def check_inputs(self, specs):
+        """[(shape, dtype)] of the inputs of one call against main's parameters: count, shapes
+        (symbolic dims consistent and in range) and dtypes; InputError naming the input."""
+        if len(specs) != len(self.params):
             names = ", ".join(f"{n}{list(s)}:{d}" for n, s, d in self.params)
-            raise InputError(f"main takes {len(self.params)} inputs ({names}), got {len(arrays)}")
-        out, bound = [], {}
-        for i, (a, (name, shape, dtype)) in enumerate(zip(arrays, self.params)):
-            a = np.asarray(a)
-            if shape is not None and tuple(a.shape) != shape:
-                raise InputError(f"input {i} '{name}': expected shape {list(shape)}, got {list(a.shape)}")
+            raise InputError(f"main takes {len(self.params)} inputs ({names}), got {len(specs)}")
+        bound = {}
+        for i, ((got, got_dtype), (name, shape, dtype)) in enumerate(zip(specs, self.params)):
+            if shape is not None and got != shape:
+                raise InputError(f"input {i} '{name}': expected shape {list(shape)}, got {list(got)}")
             dims = self._dims[i]
-            if dims is not None and (len(dims) != a.ndim or any(
-                    isinstance(d, int) and d != n for d, n in zip(dims, a.shape))):
+            if dims is not None and (len(dims) != len(got) or any(
+                    isinstance(d, int) and d != n for d, n in zip(dims, got))):
                 shown = "[" + ", ".join(str(d) for d in dims) + "]"
-                raise InputError(f"input {i} '{name}': expected shape {shown}, got {list(a.shape)}")
-            self._check_symbolic(i, name, dims, a.shape, bound)
-            if str(a.dtype) != dtype:
+                raise InputError(f"input {i} '{name}': expected shape {shown}, got {list(got)}")
+            self._check_symbolic(i, name, dims, got, bound)
+            if got_dtype != dtype:
                 raise InputError(
-                    f"input {i} '{name}': expected dtype {dtype}, got {a.dtype} (cast with .astype('{dtype}'))"
+                    f"input {i} '{name}': expected dtype {dtype}, got {got_dtype} (cast with .astype('{dtype}'))"
                 )
-            # np.ascontiguousarray turns a 0-d array into shape (1,): keep the shape (found by fuzzing)
-            out.append(tvm.runtime.tensor(np.ascontiguousarray(a).reshape(a.shape), self.device))
-        return out
+
+    def call_tensors(self, *tensors):
+        """`__call__` on tvm.runtime.Tensors already on the device (a framework's tensors seen
+        through DLPack: no copy in), checked like numpy inputs; returns the VM's output Tensor(s)
+        (no copy out)."""
+        self.check_inputs([(tuple(int(d) for d in t.shape), str(t.dtype)) for t in tensors])
+        return self._main()(*tensors)
+
+    def _main(self):
+        main = getattr(self._local, "main", None)
+        if main is None:  # one VM per thread, kept (its memory pool too): a VM is not thread-safe
+            main = self._local.main = self.vm()["main"]
+        return main
 
     def _check_symbolic(self, i, name, dims, shape, bound):
         """Each symbolic dim (a plain name such as `seq`) takes one value across the inputs, within
@@ -221,11 +240,7 @@ class Compiled:
                                  f"import again with a wider torch.export Dim (min={lo}, max={hi} now) or bucket it")
 
     def __call__(self, *arrays):
-        args = self.convert_inputs(arrays)
-        main = getattr(self._local, "main", None)
-        if main is None:  # one VM per thread, kept (its memory pool too): a VM is not thread-safe
-            main = self._local.main = self.vm()["main"]
-        return _to_numpy(main(*args))
+        return _to_numpy(self._main()(*self.convert_inputs(arrays)))
 
 
 RANGES_ATTR = "tvmfuse.ranges"

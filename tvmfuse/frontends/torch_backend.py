@@ -34,7 +34,6 @@ import dataclasses
 import logging
 import weakref
 
-import numpy as np
 import torch
 from torch._dynamo.symbolic_convert import InstructionTranslator
 from torch._guards import TracingContext
@@ -42,7 +41,7 @@ from tvm.relax.frontend.torch.fx_translator import TorchFXImporter
 
 from ..build import build
 from ..errors import BackendFallbackError
-from . import torch_records, torch_train, torch_update
+from . import torch_records, torch_tensors, torch_train, torch_update
 from .torch_aten import import_aten
 from .torch_records import GraphRecord
 from .common import finish
@@ -149,9 +148,7 @@ def compile_graph(gm, example_inputs, options: dict | None = None, record: Graph
                         "options={'freeze': False} keeps parameters as inputs); this call runs eagerly")
             record.calls_eager.append("a parameter changed since the build")
             return eager(*args)
-        out = compiled(*[args[i].detach().numpy() for i in keep])
-        outs = out if isinstance(out, tuple) else (out,)
-        return tuple(torch.from_numpy(np.require(o, requirements="C")) for o in outs)  # 0-d stays 0-d
+        return torch_tensors.call(compiled, [args[i] for i in keep])
 
     run.compiled = compiled
     return run

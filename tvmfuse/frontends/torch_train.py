@@ -48,11 +48,10 @@ import dataclasses
 import logging
 import sys
 
-import numpy as np
 import torch
 
 from ..build import build
-from . import torch_records
+from . import torch_records, torch_tensors
 from .torch_aten import import_aten
 from .torch_grad_converters import GRAD_CONVERTERS
 from .torch_records import GraphRecord
@@ -161,10 +160,8 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
                          tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
 
     def run(args):
-        arrays = [a.detach().numpy() for a in args]
         args = list(args)
-        outs = compiled(*arrays) if compiled is not None else ()
-        outs = outs if isinstance(outs, tuple) else (outs,)
+        outs = torch_tensors.call(compiled, args) if compiled is not None else ()
         results = []
         for spec in specs:
             if spec[0] == "none":
@@ -172,8 +169,7 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
             elif spec[0] == "input":
                 results.append(args[spec[1]])
             else:
-                o = outs[spec[1]]
-                t = torch.from_numpy(np.ascontiguousarray(o).reshape(o.shape))  # a 0-d output stays 0-d
+                t = outs[spec[1]]
                 if spec[2] is not None:  # the layout AOT traced (a saved transpose)
                     t = torch.empty_strided(t.shape, spec[2], dtype=t.dtype).copy_(t)
                 results.append(t)
