@@ -6,6 +6,8 @@
   sm_90, at a ragged token count (197) and a short one (16).
 - A float16 BERT (ToMixedPrecision of a tiny transformers BertModel): every matmul kernel is on
   tensor cores, none spills.
+- A float16 GPT-2 (build(dtype="float16"), a prime vocabulary, 20 tokens): the same, its fused QKV
+  (one matmul, three outputs) and its masked scores included.
 - float32 keeps dlight's SIMT matmul.
 - BERT in float32 with its weights passed in (what the GPU benchmark builds) has no transpose-only
   kernel on CUDA: each transposed weight is read as stored by its matmul (layout_prologue), and
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, s_tir
 
 import tvmfuse
 from tvmfuse.kernel_source import cuda_kernels, cuda_ptx
@@ -138,11 +140,14 @@ def test_the_rule_declines_what_it_does_not_fit():
     assert rule.apply(primfunc("float16"), sm80) is not None
 
 
-def test_a_matmul_read_by_two_output_stages_is_declined():
-    """GPT-2's fused QKV: one matmul, several outputs read from it. The store from the accumulator
-    takes one chain of stages; with two, the rule declines rather than leave one reading nothing."""
+def test_a_matmul_read_by_two_output_stages_stores_both():
+    """GPT-2's fused QKV: one matmul, several outputs read from it. Each output stores its part of
+    the warp's tile from shared memory (well-formed TIR: TVM's reverse_compute_inline would take
+    one of them into the store and leave the other reading a buffer nothing declares); dlight's
+    SIMT Matmul, which stores through one epilogue, declines such a group."""
     from tvm import te
 
+    from schedules.cuda.rules import CoalescedMatmul, DlightRule
     from schedules.cuda.tensor_core import TensorCoreMatmul
 
     a = te.placeholder((64, 64), "float16", name="a")
@@ -152,9 +157,25 @@ def test_a_matmul_read_by_two_output_stages_is_declined():
     first = te.compute((64, 64), lambda i, j: mm[i, j].astype("float16"), name="first")
     second = te.compute((64, 64), lambda i, j: mm[i, j + 64].astype("float16"), name="second")
     func = te.create_prim_func([a, w, first, second])
-    assert TensorCoreMatmul().apply(func, tvm.target.Target(_target("sm_80"))) is None
+    sm80 = tvm.target.Target(_target("sm_80"))
+    out = TensorCoreMatmul().apply(func, sm80)
+    assert out is not None and s_tir.analysis.verify_well_formed(out)
+    assert {"first", "second"} <= set(_thread_bound_blocks(out))
+    assert DlightRule(CoalescedMatmul(), inline_first=True).apply(func, sm80) is None
     one = te.create_prim_func([a, w, te.compute((64, 128), lambda i, j: mm[i, j].astype("float16"))])
-    assert TensorCoreMatmul().apply(one, tvm.target.Target(_target("sm_80"))) is not None
+    assert TensorCoreMatmul().apply(one, sm80) is not None
+
+
+def _thread_bound_blocks(func):
+    """Names of the blocks of `func` inside a thread-bound loop."""
+    names = []
+
+    def loop(node):
+        if node.kind == tvm.tirx.ForKind.THREAD_BINDING:
+            tvm_ffi.structural_walk(node.body, (s_tir.SBlock, lambda b: names.append(b.name_hint)))
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loop))
+    return names
 
 
 def _bert(hidden=64, layers=2, heads=2, params="constants"):
@@ -192,6 +213,58 @@ def test_float16_bert_every_matmul_kernel_on_tensor_cores(bert_fp16, arch):
     assert all("mma.sync" in ptx[k] for k in matmuls)
     assert not any("mma" in ptx[k] for k in kernels if k not in matmuls)
     _assert_no_spills(stats)
+
+
+def _gpt2(vocab):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config
+
+    from tvmfuse.zoo import models
+
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=vocab, n_positions=256, use_cache=False,
+                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    ids = np.random.default_rng(0).integers(0, vocab, size=(1, 20)).astype("int64")  # 20: a ragged tile
+    return tvmfuse.from_torch(models._gpt2_module(cfg), (torch.from_numpy(ids),))
+
+
+@pytest.fixture(scope="module")
+def gpt2_prime_vocab():
+    return _gpt2(1009)  # a prime: the LM head's last tile of words is padded
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float16_gpt2_every_matmul_kernel_on_tensor_cores(gpt2_prime_vocab, arch):
+    """GPT-2 in float16 (build(dtype=...)): its fused QKV (one matmul split into three outputs, each
+    reshaped and transposed) and its scores (the causal mask, an output of the same group, added in
+    the epilogue) are tensor-core kernels like every other matmul, every function well-formed."""
+    from test_half_precision import cast_only_kernels
+
+    c = tvmfuse.build(gpt2_prime_vocab, _target(arch), "tvmfuse", dtype="float16")
+    assert c.host_fallbacks() == []
+    assert cast_only_kernels(c) == []
+    for gv, f in c.mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tvmfuse.rule"):
+            assert s_tir.analysis.verify_well_formed(f, assert_mode=False), gv.name_hint
+    kernels = _kernel_map(c)
+    matmuls = {func for func, rule in kernels.values() if rule in MATMUL_RULES}
+    assert {rule for func, rule in kernels.values() if func in matmuls} == {TC}, kernels
+    # two layers of QKV, scores, weighted values, output, FFN-in and FFN-out, and the LM head
+    assert sum(name in matmuls for name in c.call_sites()) == 2 * 6 + 1, kernels
+    ptx, stats = _compiled(c, arch)
+    assert {kernels[k][0] for k in ptx if "mma.sync" in ptx[k]} == matmuls
+    _assert_no_spills(stats)
+
+
+def test_float32_gpt2_builds_with_every_function_well_formed(gpt2_prime_vocab):
+    """float32 GPT-2 on CUDA: dlight's Matmul, which stored the fused QKV's three outputs through one
+    epilogue (ill-formed TIR, a build error), declines that group; a later rule schedules it."""
+    c = tvmfuse.build(gpt2_prime_vocab, _target("sm_90"), "tvmfuse")
+    assert c.host_fallbacks() == []
+    for gv, f in c.mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tvmfuse.rule"):
+            assert s_tir.analysis.verify_well_formed(f, assert_mode=False), gv.name_hint
+    assert TC not in {rule for _, rule in _kernel_map(c).values()}
 
 
 def transpose_only(func) -> bool:
