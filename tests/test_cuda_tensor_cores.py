@@ -166,6 +166,95 @@ def test_a_matmul_read_by_two_output_stages_stores_both():
     assert TensorCoreMatmul().apply(one, sm80) is not None
 
 
+@pytest.mark.parametrize("tokens,heads,head_dim", [(20, 2, 32), (128, 12, 64)])
+def test_qkv_outputs_are_stored_once_from_the_warps_own_tile(tokens, heads, head_dim):
+    """No GPU here, so the index arithmetic of the QKV store is checked by enumeration: every
+    element of Q, Kᵀ and V is written exactly once (a ragged token count included), from an element
+    of the shared-memory tile that the same thread block and warp stored from its accumulator."""
+    from tvm import te
+
+    from schedules.cuda.tensor_core import TensorCoreMatmul
+
+    e = heads * head_dim
+    a = te.placeholder((tokens, e), "float16", name="a")
+    w = te.placeholder((e, 3 * e), "float16", name="w")
+    k = te.reduce_axis((0, e), name="k")
+    mm = te.compute((tokens, 3 * e),
+                    lambda i, j: te.sum(a[i, k].astype("float32") * w[k, j].astype("float32"), axis=k))
+    shapes = {"q": (heads, tokens, head_dim), "kt": (heads, head_dim, tokens), "v": (heads, tokens, head_dim)}
+    q = te.compute(shapes["q"], lambda h, t, d: mm[t, h * head_dim + d].astype("float16"), name="q")
+    kt = te.compute(shapes["kt"], lambda h, d, t: mm[t, e + h * head_dim + d].astype("float16"), name="kt")
+    v = te.compute(shapes["v"], lambda h, t, d: mm[t, 2 * e + h * head_dim + d].astype("float16"), name="v")
+    out = TensorCoreMatmul().apply(te.create_prim_func([a, w, q, kt, v]), tvm.target.Target(_target("sm_80")))
+    assert out is not None and s_tir.analysis.verify_well_formed(out)
+    blocks = _realized_blocks(out)
+    loops, acc = next(b for name, b in blocks.items() if name.endswith("wmma.accumulator_o"))
+    env = _grid(loops)
+    rows, cols = (_eval(x, env) * 16 for x in acc.iter_values[1:])
+    owner = np.full((rows.max() + 16, cols.max() + 16), -1)  # which block and warp stored each element
+    for r, c in np.ndindex(16, 16):
+        owner[rows + r, cols + c] = _warp_id(loops, env)
+    for name, shape in shapes.items():
+        loops, rz = blocks[name]
+        env = _grid(loops)
+        bind = {iv.var.name: _eval(x, env) for iv, x in zip(rz.block.iter_vars, rz.iter_values)}
+        on = np.broadcast_to(_eval(rz.predicate, env), env[loops[0][0].name].shape).astype(bool)
+        count = np.zeros(shape, np.int64)
+        np.add.at(count, tuple(np.broadcast_to(_eval(i, bind), on.shape)[on] for i in rz.block.body.indices), 1)
+        assert (count == 1).all(), name
+        loads = []
+        tvm_ffi.structural_walk(rz.block.body.value, (tvm.ir.TensorLoad, loads.append))
+        tile = next(ld for ld in loads if "shared" in ld.source.name)
+        r, c = (np.broadcast_to(_eval(i, bind), on.shape)[on] for i in tile.indices[-2:])
+        assert (owner[r, c] == _warp_id(loops, env)[on]).all(), name
+
+
+def _warp_id(loops, env):
+    """One number per (blockIdx.z, blockIdx.x, blockIdx.y, threadIdx.y): the four outer loops."""
+    out = np.zeros_like(env[loops[0][0].name])
+    for var, ext in loops[:4]:
+        out = out * ext + env[var.name]
+    return out
+
+
+def _realized_blocks(func):
+    """{block name: ([(loop var, extent)] around it, its SBlockRealize)}."""
+    out = {}
+
+    def walk(node, loops):
+        if isinstance(node, tvm.tirx.For):
+            walk(node.body, loops + [(node.loop_var, int(node.extent))])
+        elif isinstance(node, s_tir.SBlockRealize):
+            out[node.block.name_hint] = (loops, node)
+            walk(node.block.body, loops)
+        elif isinstance(node, tvm.tirx.SeqStmt):
+            for st in node.seq:
+                walk(st, loops)
+        elif hasattr(node, "body"):
+            walk(node.body, loops)
+
+    walk(func.body, [])
+    return out
+
+
+def _grid(loops):
+    """Every combination of the loops' values: {loop var name: array}."""
+    idx = np.indices([ext for _, ext in loops]).reshape(len(loops), -1)
+    return {var.name: idx[i] for i, (var, _) in enumerate(loops)}
+
+
+def _eval(expr, env):
+    """An index expression over arrays of loop values (floordiv/floormod as Python's // and %)."""
+    ops = {tvm.tirx.Add: np.add, tvm.tirx.Sub: np.subtract, tvm.tirx.Mul: np.multiply,
+           tvm.tirx.FloorDiv: np.floor_divide, tvm.tirx.FloorMod: np.mod, tvm.tirx.LT: np.less,
+           tvm.tirx.LE: np.less_equal, tvm.tirx.EQ: np.equal, tvm.tirx.And: np.logical_and}
+    if isinstance(expr, (int, tvm.tirx.IntImm)):
+        return np.int64(int(expr))
+    if isinstance(expr, tvm.tirx.Var):
+        return env[expr.name]
+    return ops[type(expr)](_eval(expr.a, env), _eval(expr.b, env))
+
+
 def _thread_bound_blocks(func):
     """Names of the blocks of `func` inside a thread-bound loop."""
     names = []
