@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 
 from tvm import s_tir
 from tvm.s_tir import dlight as dl
@@ -70,6 +71,9 @@ def _reduction_with_several_readers(func) -> bool:
     return any(is_reduction(sch, b) and len(sch.get_consumers(b)) > 1 for b in blocks)
 
 
+_PATCH = {"lock": threading.Lock(), "depth": 0, "orig": None}
+
+
 @contextlib.contextmanager
 def one_consumer_reverse_inline():
     """Within: Schedule.reverse_compute_inline refuses (ScheduleError) a consumer whose producer
@@ -77,19 +81,27 @@ def one_consumer_reverse_inline():
     whose buffer the other consumers still read and nothing declares any more (ill-formed TIR).
     dlight's Matmul meets it on GPT-2's fused QKV (one matmul split into three outputs, in its
     `auto_inline_consumers`, and then asserts that none is left): a refusal instead of ill-formed
-    TIR (such a group is declined before, _reduction_with_several_readers; this guards the rest)."""
-    orig = s_tir.Schedule.reverse_compute_inline
+    TIR (such a group is declined before, _reduction_with_several_readers; this guards the rest).
+    The method is patched on the class while any build (of any thread) is inside, and put back
+    when the last one leaves."""
+    with _PATCH["lock"]:
+        if _PATCH["depth"] == 0:
+            _PATCH["orig"] = orig = s_tir.Schedule.reverse_compute_inline
 
-    def checked(sch, block):
-        if any(len(sch.get_consumers(p)) > 1 for p in sch.get_producers(block)):
-            raise s_tir.ScheduleError("reverse_compute_inline: the producer has other consumers")
-        return orig(sch, block)
+            def checked(sch, block):
+                if any(len(sch.get_consumers(p)) > 1 for p in sch.get_producers(block)):
+                    raise s_tir.ScheduleError("reverse_compute_inline: the producer has other consumers")
+                return orig(sch, block)
 
-    s_tir.Schedule.reverse_compute_inline = checked
+            s_tir.Schedule.reverse_compute_inline = checked
+        _PATCH["depth"] += 1
     try:
         yield
     finally:
-        s_tir.Schedule.reverse_compute_inline = orig
+        with _PATCH["lock"]:
+            _PATCH["depth"] -= 1
+            if _PATCH["depth"] == 0:
+                s_tir.Schedule.reverse_compute_inline = _PATCH["orig"]
 
 
 class CoalescedMatmul(dl.gpu.Matmul):
