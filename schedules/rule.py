@@ -5,7 +5,8 @@ preconditions. A TVM `ScheduleError` (a schedule primitive that refused: compute
 that cannot be inlined, a split that does not divide) is also a decline: the next rule gets the
 function. Any other exception is a bug in the rule: it is logged at WARNING with the rule's and the
 kernel's names, and re-raised when the `strict` knob is on (CI and the tests set it); without it
-the next rule gets the function, so a user's build still finishes.
+the next rule gets the function, so a user's build still finishes. A schedule that is not
+well-formed TIR (s_tir's verify_well_formed) is a decline too, logged at WARNING.
 """
 from __future__ import annotations
 
@@ -37,8 +38,28 @@ def apply_rules(func, target, rules, name=None):
         for rule in rules:
             out = try_rule(rule, func, target, name)
             if out is not None:
-                return _single_definitions(out), rule.name
+                out = _single_definitions(out)
+                if _well_formed(out, rule, name):
+                    return out, rule.name
     return func, None
+
+
+def _well_formed(func, rule, name) -> bool:
+    """Whether a rule's schedule is well-formed TIR; if not, the rule is taken to decline (WARNING):
+    dlight's Matmul on a matmul with several outputs (GPT-2's fused QKV split in three) inlines one
+    of them into its store and leaves the others reading a buffer nothing declares (TVM 0.27's
+    reverse_compute_inline does not check that its producer has one consumer), which
+    would fail the build later, far from the rule."""
+    from tvm.s_tir.analysis import verify_well_formed
+
+    try:
+        verify_well_formed(func, assert_mode=True)
+        return True
+    except Exception as err:  # noqa: BLE001  TVM raises InternalError with the verifier's report
+        lines = str(err).strip().splitlines() or [""]
+        log.warning("rule %s gave ill-formed TIR for %s, declined: %s", rule.name, name,
+                    next((ln for ln in lines if "ill-formed" in ln), lines[0]))
+        return False
 
 
 def try_rule(rule, func, target, name):

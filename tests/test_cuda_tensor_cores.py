@@ -6,6 +6,8 @@
   sm_90, at a ragged token count (197) and a short one (16).
 - A float16 BERT (ToMixedPrecision of a tiny transformers BertModel): every matmul kernel is on
   tensor cores, none spills.
+- A float16 GPT-2 (build(dtype="float16"), a prime vocabulary, 20 tokens): the same, its fused QKV
+  (one matmul, three outputs) and its masked scores included.
 - float32 keeps dlight's SIMT matmul.
 - BERT in float32 with its weights passed in (what the GPU benchmark builds) has no transpose-only
   kernel on CUDA: each transposed weight is read as stored by its matmul (layout_prologue), and
@@ -19,7 +21,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from tvm import relax
+from tvm import relax, s_tir
 
 import tvmfuse
 from tvmfuse.kernel_source import cuda_kernels, cuda_ptx
@@ -138,11 +140,14 @@ def test_the_rule_declines_what_it_does_not_fit():
     assert rule.apply(primfunc("float16"), sm80) is not None
 
 
-def test_a_matmul_read_by_two_output_stages_is_declined():
-    """GPT-2's fused QKV: one matmul, several outputs read from it. The store from the accumulator
-    takes one chain of stages; with two, the rule declines rather than leave one reading nothing."""
+def test_a_matmul_read_by_two_output_stages_stores_both():
+    """GPT-2's fused QKV: one matmul, several outputs read from it. Each output stores its part of
+    the warp's tile from shared memory (well-formed TIR: TVM's reverse_compute_inline would take
+    one of them into the store and leave the other reading a buffer nothing declares); dlight's
+    SIMT Matmul, which stores through one epilogue, declines such a group."""
     from tvm import te
 
+    from schedules.cuda.rules import CoalescedMatmul, DlightRule
     from schedules.cuda.tensor_core import TensorCoreMatmul
 
     a = te.placeholder((64, 64), "float16", name="a")
@@ -152,9 +157,114 @@ def test_a_matmul_read_by_two_output_stages_is_declined():
     first = te.compute((64, 64), lambda i, j: mm[i, j].astype("float16"), name="first")
     second = te.compute((64, 64), lambda i, j: mm[i, j + 64].astype("float16"), name="second")
     func = te.create_prim_func([a, w, first, second])
-    assert TensorCoreMatmul().apply(func, tvm.target.Target(_target("sm_80"))) is None
+    sm80 = tvm.target.Target(_target("sm_80"))
+    out = TensorCoreMatmul().apply(func, sm80)
+    assert out is not None and s_tir.analysis.verify_well_formed(out)
+    assert {"first", "second"} <= set(_thread_bound_blocks(out))
+    assert DlightRule(CoalescedMatmul(), inline_first=True).apply(func, sm80) is None
     one = te.create_prim_func([a, w, te.compute((64, 128), lambda i, j: mm[i, j].astype("float16"))])
-    assert TensorCoreMatmul().apply(one, tvm.target.Target(_target("sm_80"))) is not None
+    assert TensorCoreMatmul().apply(one, sm80) is not None
+
+
+@pytest.mark.parametrize("tokens,heads,head_dim", [(20, 2, 32), (128, 12, 64)])
+def test_qkv_outputs_are_stored_once_from_the_warps_own_tile(tokens, heads, head_dim):
+    """No GPU here, so the index arithmetic of the QKV store is checked by enumeration: every
+    element of Q, Kᵀ and V is written exactly once (a ragged token count included), from an element
+    of the shared-memory tile that the same thread block and warp stored from its accumulator."""
+    from tvm import te
+
+    from schedules.cuda.tensor_core import TensorCoreMatmul
+
+    e = heads * head_dim
+    a = te.placeholder((tokens, e), "float16", name="a")
+    w = te.placeholder((e, 3 * e), "float16", name="w")
+    k = te.reduce_axis((0, e), name="k")
+    mm = te.compute((tokens, 3 * e),
+                    lambda i, j: te.sum(a[i, k].astype("float32") * w[k, j].astype("float32"), axis=k))
+    shapes = {"q": (heads, tokens, head_dim), "kt": (heads, head_dim, tokens), "v": (heads, tokens, head_dim)}
+    q = te.compute(shapes["q"], lambda h, t, d: mm[t, h * head_dim + d].astype("float16"), name="q")
+    kt = te.compute(shapes["kt"], lambda h, d, t: mm[t, e + h * head_dim + d].astype("float16"), name="kt")
+    v = te.compute(shapes["v"], lambda h, t, d: mm[t, 2 * e + h * head_dim + d].astype("float16"), name="v")
+    out = TensorCoreMatmul().apply(te.create_prim_func([a, w, q, kt, v]), tvm.target.Target(_target("sm_80")))
+    assert out is not None and s_tir.analysis.verify_well_formed(out)
+    blocks = _realized_blocks(out)
+    loops, acc = next(b for name, b in blocks.items() if name.endswith("wmma.accumulator_o"))
+    env = _grid(loops)
+    rows, cols = (_eval(x, env) * 16 for x in acc.iter_values[1:])
+    owner = np.full((rows.max() + 16, cols.max() + 16), -1)  # which block and warp stored each element
+    for r, c in np.ndindex(16, 16):
+        owner[rows + r, cols + c] = _warp_id(loops, env)
+    for name, shape in shapes.items():
+        loops, rz = blocks[name]
+        env = _grid(loops)
+        bind = {iv.var.name: _eval(x, env) for iv, x in zip(rz.block.iter_vars, rz.iter_values)}
+        on = np.broadcast_to(_eval(rz.predicate, env), env[loops[0][0].name].shape).astype(bool)
+        count = np.zeros(shape, np.int64)
+        np.add.at(count, tuple(np.broadcast_to(_eval(i, bind), on.shape)[on] for i in rz.block.body.indices), 1)
+        assert (count == 1).all(), name
+        loads = []
+        tvm_ffi.structural_walk(rz.block.body.value, (tvm.ir.TensorLoad, loads.append))
+        tile = next(ld for ld in loads if "shared" in ld.source.name)
+        r, c = (np.broadcast_to(_eval(i, bind), on.shape)[on] for i in tile.indices[-2:])
+        assert (owner[r, c] == _warp_id(loops, env)[on]).all(), name
+
+
+def _warp_id(loops, env):
+    """One number per (blockIdx.z, blockIdx.x, blockIdx.y, threadIdx.y): the four outer loops."""
+    out = np.zeros_like(env[loops[0][0].name])
+    for var, ext in loops[:4]:
+        out = out * ext + env[var.name]
+    return out
+
+
+def _realized_blocks(func):
+    """{block name: ([(loop var, extent)] around it, its SBlockRealize)}."""
+    out = {}
+
+    def walk(node, loops):
+        if isinstance(node, tvm.tirx.For):
+            walk(node.body, loops + [(node.loop_var, int(node.extent))])
+        elif isinstance(node, s_tir.SBlockRealize):
+            out[node.block.name_hint] = (loops, node)
+            walk(node.block.body, loops)
+        elif isinstance(node, tvm.tirx.SeqStmt):
+            for st in node.seq:
+                walk(st, loops)
+        elif hasattr(node, "body"):
+            walk(node.body, loops)
+
+    walk(func.body, [])
+    return out
+
+
+def _grid(loops):
+    """Every combination of the loops' values: {loop var name: array}."""
+    idx = np.indices([ext for _, ext in loops]).reshape(len(loops), -1)
+    return {var.name: idx[i] for i, (var, _) in enumerate(loops)}
+
+
+def _eval(expr, env):
+    """An index expression over arrays of loop values (floordiv/floormod as Python's // and %)."""
+    ops = {tvm.tirx.Add: np.add, tvm.tirx.Sub: np.subtract, tvm.tirx.Mul: np.multiply,
+           tvm.tirx.FloorDiv: np.floor_divide, tvm.tirx.FloorMod: np.mod, tvm.tirx.LT: np.less,
+           tvm.tirx.LE: np.less_equal, tvm.tirx.EQ: np.equal, tvm.tirx.And: np.logical_and}
+    if isinstance(expr, (int, tvm.tirx.IntImm)):
+        return np.int64(int(expr))
+    if isinstance(expr, tvm.tirx.Var):
+        return env[expr.name]
+    return ops[type(expr)](_eval(expr.a, env), _eval(expr.b, env))
+
+
+def _thread_bound_blocks(func):
+    """Names of the blocks of `func` inside a thread-bound loop."""
+    names = []
+
+    def loop(node):
+        if node.kind == tvm.tirx.ForKind.THREAD_BINDING:
+            tvm_ffi.structural_walk(node.body, (s_tir.SBlock, lambda b: names.append(b.name_hint)))
+
+    tvm_ffi.structural_walk(func.body, (tvm.tirx.For, loop))
+    return names
 
 
 def _bert(hidden=64, layers=2, heads=2, params="constants"):
@@ -192,6 +302,58 @@ def test_float16_bert_every_matmul_kernel_on_tensor_cores(bert_fp16, arch):
     assert all("mma.sync" in ptx[k] for k in matmuls)
     assert not any("mma" in ptx[k] for k in kernels if k not in matmuls)
     _assert_no_spills(stats)
+
+
+def _gpt2(vocab):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config
+
+    from tvmfuse.zoo import models
+
+    cfg = GPT2Config(n_embd=64, n_layer=2, n_head=2, vocab_size=vocab, n_positions=256, use_cache=False,
+                     bos_token_id=0, eos_token_id=0, attn_implementation="eager")
+    ids = np.random.default_rng(0).integers(0, vocab, size=(1, 20)).astype("int64")  # 20: a ragged tile
+    return tvmfuse.from_torch(models._gpt2_module(cfg), (torch.from_numpy(ids),))
+
+
+@pytest.fixture(scope="module")
+def gpt2_prime_vocab():
+    return _gpt2(1009)  # a prime: the LM head's last tile of words is padded
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float16_gpt2_every_matmul_kernel_on_tensor_cores(gpt2_prime_vocab, arch):
+    """GPT-2 in float16 (build(dtype=...)): its fused QKV (one matmul split into three outputs, each
+    reshaped and transposed) and its scores (the causal mask, an output of the same group, added in
+    the epilogue) are tensor-core kernels like every other matmul, every function well-formed."""
+    from test_half_precision import cast_only_kernels
+
+    c = tvmfuse.build(gpt2_prime_vocab, _target(arch), "tvmfuse", dtype="float16")
+    assert c.host_fallbacks() == []
+    assert cast_only_kernels(c) == []
+    for gv, f in c.mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tvmfuse.rule"):
+            assert s_tir.analysis.verify_well_formed(f, assert_mode=False), gv.name_hint
+    kernels = _kernel_map(c)
+    matmuls = {func for func, rule in kernels.values() if rule in MATMUL_RULES}
+    assert {rule for func, rule in kernels.values() if func in matmuls} == {TC}, kernels
+    # two layers of QKV, scores, weighted values, output, FFN-in and FFN-out, and the LM head
+    assert sum(name in matmuls for name in c.call_sites()) == 2 * 6 + 1, kernels
+    ptx, stats = _compiled(c, arch)
+    assert {kernels[k][0] for k in ptx if "mma.sync" in ptx[k]} == matmuls
+    _assert_no_spills(stats)
+
+
+def test_float32_gpt2_builds_with_every_function_well_formed(gpt2_prime_vocab):
+    """float32 GPT-2 on CUDA: dlight's Matmul, which stored the fused QKV's three outputs through one
+    epilogue (ill-formed TIR, a build error), declines that group; a later rule schedules it."""
+    c = tvmfuse.build(gpt2_prime_vocab, _target("sm_90"), "tvmfuse")
+    assert c.host_fallbacks() == []
+    for gv, f in c.mod.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc) and f.attrs is not None and f.attrs.get("tvmfuse.rule"):
+            assert s_tir.analysis.verify_well_formed(f, assert_mode=False), gv.name_hint
+    assert TC not in {rule for _, rule in _kernel_map(c).values()}
 
 
 def transpose_only(func) -> bool:

@@ -12,7 +12,9 @@ in the order of the CUDA table:
 A rule declines by returning None or raising a ScheduleError (rule.py), and the next rule gets
 the function. A function no rule schedules is reported, because an unscheduled PrimFunc in a CUDA
 build silently runs on the host. Before dlight's Matmul, a group's injective stages are inlined
-(its padding, which dlight would otherwise leave unscheduled).
+(its padding, which dlight would otherwise leave unscheduled); a matmul read by several output
+stages is declined there (dlight stores through one epilogue), and dlight runs with a
+reverse_compute_inline that refuses a producer with other consumers (one_consumer_reverse_inline).
 
 After the rules, every kernel function (tuned ones too) passes two fixes found on an H200:
   scalar_bool_loads - no vector loads of bool (TVM prints bool x2 as ushort2: wrong masks)
@@ -21,14 +23,20 @@ After the rules, every kernel function (tuned ones too) passes two fixes found o
 """
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
+
 from tvm import s_tir
 from tvm.s_tir import dlight as dl
 
 from .. import row_chain
-from ..common import inline_injective
+from ..common import inline_injective, is_reduction
 from .inline import inlined
 from ..rule import ScheduleRule
 from ..targets import CUDA
+
+log = logging.getLogger("tvmfuse.schedule")
 
 
 class DlightRule(ScheduleRule):
@@ -39,13 +47,61 @@ class DlightRule(ScheduleRule):
     def apply(self, func, target):
         if self.inline_first:  # a tvmfuse group's padding stays a stage that dlight's Matmul leaves
             func = inlined(func)  # unscheduled (on the host): inline every injective stage first
+            if _reduction_with_several_readers(func):  # dlight's Matmul stores through one epilogue
+                log.info("rule %s declined: the matmul is read by several output stages", self.name)
+                return None
         if not self.tensorize:  # tensor cores are cuda.TensorCoreMatmul's: what it declined, dlight's
             func = func.with_attr("dlight.do_not_tensorize", True)  # Matmul tiles in SIMT
-        with target:
+        with target, one_consumer_reverse_inline():
             sch = self.rule.apply(func, target, False)
         if isinstance(sch, list):
             sch = sch[0] if sch else None
         return None if sch is None else sch.mod["main"]
+
+
+def _reduction_with_several_readers(func) -> bool:
+    """Whether a block with a reduction is read by more than one stage (GPT-2's fused QKV: one
+    matmul, three outputs). dlight's Matmul asserts on it (it inlines the epilogue into the store
+    from its accumulator, one stage only); cuda.TensorCoreMatmul stores each of them."""
+    sch = s_tir.Schedule(func)
+    try:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+    except s_tir.ScheduleError:
+        return False
+    return any(is_reduction(sch, b) and len(sch.get_consumers(b)) > 1 for b in blocks)
+
+
+_PATCH = {"lock": threading.Lock(), "depth": 0, "orig": None}
+
+
+@contextlib.contextmanager
+def one_consumer_reverse_inline():
+    """Within: Schedule.reverse_compute_inline refuses (ScheduleError) a consumer whose producer
+    has other consumers. TVM 0.27 does not check that: it inlines the consumer into the producer,
+    whose buffer the other consumers still read and nothing declares any more (ill-formed TIR).
+    dlight's Matmul meets it on GPT-2's fused QKV (one matmul split into three outputs, in its
+    `auto_inline_consumers`, and then asserts that none is left): a refusal instead of ill-formed
+    TIR (such a group is declined before, _reduction_with_several_readers; this guards the rest).
+    The method is patched on the class while any build (of any thread) is inside, and put back
+    when the last one leaves."""
+    with _PATCH["lock"]:
+        if _PATCH["depth"] == 0:
+            _PATCH["orig"] = orig = s_tir.Schedule.reverse_compute_inline
+
+            def checked(sch, block):
+                if any(len(sch.get_consumers(p)) > 1 for p in sch.get_producers(block)):
+                    raise s_tir.ScheduleError("reverse_compute_inline: the producer has other consumers")
+                return orig(sch, block)
+
+            s_tir.Schedule.reverse_compute_inline = checked
+        _PATCH["depth"] += 1
+    try:
+        yield
+    finally:
+        with _PATCH["lock"]:
+            _PATCH["depth"] -= 1
+            if _PATCH["depth"] == 0:
+                s_tir.Schedule.reverse_compute_inline = _PATCH["orig"]
 
 
 class CoalescedMatmul(dl.gpu.Matmul):
@@ -154,9 +210,10 @@ def scalar_bool_loads(func):
     import tvm_ffi
     import tvm
 
-    names = []
+    names, every = [], []
 
     def visit(block):
+        every.append(block.name_hint)
         if any(str(r.source.dtype) == "bool" for r in block.reads):
             names.append(block.name_hint)
 
@@ -166,6 +223,8 @@ def scalar_bool_loads(func):
     sch = s_tir.Schedule(func)
     changed = False
     for name in dict.fromkeys(names):
+        if every.count(name) > 1:  # unnamed blocks of a kernel TVM writes by hand (its GPU cumsum,
+            continue  # over GPT-2's bool mask): no loop of ours around them, taken as it is
         for loop in sch.get_loops(sch.get_sblock(name)):
             if sch.get(loop).kind == tvm.tirx.ForKind.VECTORIZED:
                 sch.unroll(loop)

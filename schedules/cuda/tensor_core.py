@@ -11,9 +11,13 @@ writes it, with what tvmfuse's groups need on top:
   - the group's prologue (a transposed weight, a reshape, a cast) is inlined into the
     shared-memory fetch of its operand, the epilogue (bias, GELU, residual add, cast, reshape)
     into the store from the accumulator: one kernel;
+  - a matmul read by several output stages (GPT-2's fused QKV split into three, each reshaped
+    and transposed) stores each of them from the warp's tile in shared memory, its part of the
+    tile only (predicated); an output stage outside the matmul's chain that the epilogue also
+    reads (GPT-2's causal mask, added to the scores) is recomputed in the epilogue;
   - a decline instead of an assertion: a group this schedule does not fit (no single reduction,
-    not an einsum, an epilogue that is not one chain of stages or will not inline) returns None
-    and the next rule (dlight's SIMT Matmul) gets it.
+    not an einsum, an epilogue stage that will not inline, an output reading the result in
+    several places such as a rotation) returns None and the next rule gets it.
 The tile constants are in targets.CUDA ("tc_*"). The PTX of such a kernel holds
 `wmma.mma.sync` (tensor-core MMA) instructions; tests/test_cuda_tensor_cores.py checks them and
 that ptxas reports no local-memory spills.
@@ -23,10 +27,12 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
-from tvm.s_tir.dlight.gpu.matmul import (auto_inline_consumers, auto_inline_producers, check_sm_version,
+from tvm.s_tir import ScheduleError
+from tvm.s_tir.dlight.gpu.matmul import (auto_inline_producers, check_sm_version,
                                         get_index_map, get_reduction_blocks)
 
 from ..common import is_reduction
+from ..row_chain import is_output
 from ..rule import ScheduleRule
 from .inline import inlined
 from ..targets import CUDA
@@ -49,8 +55,9 @@ class TensorCoreMatmul(ScheduleRule):
             return None
         dtypes = _dtypes(sch.get(reductions[0]))
         sm = check_sm_version(str(target.attrs.get("arch", "")))
-        if dtypes is None or sm < TENSOR_CORE_DTYPES[dtypes[0]][0] or not _epilogue_chain(sch, reductions[0]):
+        if dtypes is None or sm < TENSOR_CORE_DTYPES[dtypes[0]][0]:
             return None
+        _recompute_side_outputs(sch, reductions[0])
         return _schedule(sch, reductions[0], *dtypes)
 
 
@@ -65,26 +72,24 @@ def _cast_into_matmul(sch, info) -> bool:
     return any(str(r.source.dtype) != out for r in block.reads)
 
 
-def _epilogue_chain(sch, block) -> bool:
-    """Whether the stages after the matmul end in one stage (a chain, or a diamond such as GELU's
-    x * (0.5 + 0.5 * erf(x / sqrt 2)) that joins again), what the store from the accumulator can
-    take in. A group with several outputs of the matmul (GPT-2's fused QKV split into three) is
-    declined: inlining one of them into the store would leave the others reading a buffer nothing
-    writes."""
-    seen, sinks, todo = set(), set(), [block]
-    while todo:
-        consumers = sch.get_consumers(todo.pop())
-        if not consumers:
+def _recompute_side_outputs(sch, matmul) -> None:
+    """A stage outside the matmul's chain that writes an output of the group and feeds its epilogue
+    too (GPT-2's causal mask: `where(tril, 0, -inf)` kept as an output for the next layer and added
+    to the scores) gives the epilogue a second producer, which reverse_compute_inline refuses. Its
+    value is recomputed in the epilogue instead (an injective stage: a few index comparisons), and
+    the stage stays, writing the output alone."""
+    chain = {sch.get(b).name_hint for b in [matmul] + _descendants(sch, matmul)}
+    for rv in sch.get_child_blocks(get_root_block(sch)):
+        name = sch.get(rv).name_hint
+        readers = [c for c in sch.get_consumers(rv) if sch.get(c).name_hint in chain]
+        if name in chain or not readers or not is_output(sch, rv) or is_reduction(sch, rv):
             continue
-        for c in consumers:
-            name = sch.get(c).name_hint
-            if name in seen:
-                continue
-            seen.add(name)
-            if not sch.get_consumers(c):
-                sinks.add(name)
-            todo.append(c)
-    return len(sinks) <= 1
+        sch.cache_write(rv, 0, "global", consumer_blocks=readers)  # rv now writes a copy the
+        try:  # readers and the output's own stage read, and is inlined into both
+            sch.compute_inline(rv)
+        except ScheduleError:
+            continue
+
 
 def _dtypes(block):
     """(input dtype, accumulator dtype) of a matmul block WMMA computes, else None: both operands
@@ -170,14 +175,84 @@ def _schedule(sch, block, in_dtype, out_dtype):
     sch.tensorize(sch.get_loops(store)[-2], names["store"])
     sch.tensorize(sch.get_loops(block_inner)[-3], names["compute"])
 
-    auto_inline_consumers(sch, to_global)  # the epilogue, into the store to global memory
-    if sch.get_consumers(to_global):
+    _inline_epilogue(sch, to_global)  # the epilogue, into the store to global memory
+    sinks = sch.get_consumers(to_global)
+    if not sinks:
+        _bind_lanes(sch, to_global, thread_y)
+    elif any(sch.get_consumers(sink) for sink in sinks):
         return None  # an epilogue stage left outside the kernel: not this rule's schedule
-    fused = sch.fuse(*sch.get_loops(to_global)[-2:])
+    elif not all(_reads_one_element(sch, sink, to_global) for sink in sinks):
+        return None  # an output reading the result in several places (a rotation): other warps' parts
+    else:  # several outputs (GPT-2's QKV split in three): each stores its part of the warp's tile,
+        for sink in sinks:  # reading it from shared memory; a part outside the tile is predicated off
+            sch.reverse_compute_at(sink, thread_y)
+        sch.compute_inline(to_global)
+        for sink in sinks:
+            _bind_lanes(sch, sink, thread_y)
+    _bind_side_stages(sch)
+    return sch.mod["main"]
+
+
+def _inline_epilogue(sch, store):
+    """The stages after `store` inlined: every intermediate one into its readers, then the one
+    reader of `store`, if it has one, into the store, as long as something changes. The reader is
+    taken into the store only while it is the store's only one: TVM 0.27's reverse_compute_inline
+    does not check that, and inlining one of several outputs (GPT-2's QKV split into three) into
+    the store leaves the others reading a buffer nothing declares (ill-formed TIR)."""
+    changed = True
+    while changed:
+        changed = False
+        for block in _descendants(sch, store):
+            try:
+                sch.compute_inline(block)
+                changed = True
+            except ScheduleError:
+                continue
+        consumers = sch.get_consumers(store)
+        if len(consumers) == 1:
+            try:
+                sch.reverse_compute_inline(consumers[0])
+                changed = True
+            except ScheduleError:
+                pass
+
+
+def _descendants(sch, block) -> list:
+    out = []
+    for c in sch.get_consumers(block):
+        out += [c] + _descendants(sch, c)
+    return out
+
+
+def _reads_one_element(sch, block, producer) -> bool:
+    """Whether `block` reads what `producer` writes once per iteration, one element: then
+    reverse_compute_at at the warp's loop gives it the iterations whose element the warp holds."""
+    buf = sch.get(producer).writes[0].source
+    regions = [r for r in sch.get(block).reads if r.source.same_as(buf)]
+    return len(regions) == 1 and all(isinstance(rg.extent, tirx.IntImm) and int(rg.extent) == 1
+                                     for rg in regions[0].region)
+
+
+def _bind_side_stages(sch) -> None:
+    """The group's stages outside the matmul's loops (an output _recompute_side_outputs left to
+    write alone) each get their own threads: a kernel of its own in the function."""
+    for rv in sch.get_child_blocks(get_root_block(sch)):
+        loops = sch.get_loops(rv)
+        if not loops or any(sch.get(lp).kind == tirx.ForKind.THREAD_BINDING for lp in loops):
+            continue
+        bx, tx = sch.split(sch.fuse(*loops), [None, CUDA["stray_threads"]])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+
+
+def _bind_lanes(sch, block, warp_loop):
+    """The loops of `block` below the warp's loop fused and spread over the warp's lanes, in vectors."""
+    loops = sch.get_loops(block)
+    at = [sch.get(lp).same_as(sch.get(warp_loop)) for lp in loops].index(True)
+    fused = sch.fuse(*loops[at + 1:])
     _, tx, vec = sch.split(fused, factors=[None, CUDA["warp"], CUDA["tc_vector"]])
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(vec)
-    return sch.mod["main"]
 
 
 def _fetch_to_shared(sch, block, idx, k0, warps):
