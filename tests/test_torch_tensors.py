@@ -30,6 +30,7 @@ def compiled():
 
 
 def test_aligned_inputs_are_views_and_outputs_match(compiled):
+    """Aligned torch tensors go to the VM as they are (tvm-ffi's DLPack) and come back as torch."""
     x, y = torch.randn(4, 8), torch.randn(4, 8)
     assert x.data_ptr() % torch_tensors.TVM_ALIGNMENT == 0
     view = torch_tensors.to_tvm(x)
@@ -50,8 +51,13 @@ def test_unaligned_and_strided_inputs_are_copied():
         np.testing.assert_array_equal(torch_tensors.to_tvm(t).numpy(), t.numpy())
 
 
-def test_a_wrong_input_is_a_clear_error(compiled):
+def test_call_tensors_checks_its_inputs_like_numpy_ones(compiled):
+    """Compiled.call_tensors (tvm.runtime Tensors in, no copy) checks shapes and dtypes as
+    __call__ does; torch_tensors.call leaves that to dynamo's guards, which recompile first."""
+    x = tvm.runtime.from_dlpack(torch.randn(4, 8))
     with pytest.raises(InputError, match="input 1 'y': expected shape"):
-        torch_tensors.call(compiled, [torch.randn(4, 8), torch.randn(4, 9)])
+        compiled.call_tensors(x, tvm.runtime.from_dlpack(torch.randn(4, 9)))
     with pytest.raises(InputError, match="expected dtype float32, got float64"):
-        torch_tensors.call(compiled, [torch.randn(4, 8), torch.randn(4, 8, dtype=torch.float64)])
+        compiled.call_tensors(x, tvm.runtime.from_dlpack(torch.randn(4, 8, dtype=torch.float64)))
+    s, same = compiled.call_tensors(x, x)
+    np.testing.assert_allclose(s.numpy(), 2 * x.numpy())
