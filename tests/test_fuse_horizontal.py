@@ -12,21 +12,7 @@ from tvmfuse.fusion.plan import Plan
 from tvmfuse.relax_utils import call_tir_sites
 
 from conftest import assert_matches
-
-
-def _mod(specs, body):
-    bb = relax.BlockBuilder()
-    params = [relax.Var(n, relax.TensorType(s, "float32")) for n, s in specs]
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = body(bb, *params)
-            out = bb.emit_output(relax.Tuple(out) if isinstance(out, list) else out)
-        bb.emit_func_output(out)
-    return bb.get()
-
-
-def _callees(mod):
-    return [gv.name_hint for _, gv, _, _ in call_tir_sites(mod["main"])]
+from test_fusion import _callees, _mod  # one Relax module from a body, its call_tir callees
 
 
 def _sgd_like(bb, p1, g1, p2, g2, p3, g3):

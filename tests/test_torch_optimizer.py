@@ -22,17 +22,11 @@ import torch
 import tvmfuse
 from tvmfuse.frontends import torch_records
 
+from test_torch_training import MLP  # Linear, GELU, Linear, LayerNorm
+
 STEPS = 4
 
 
-class MLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.l1, self.act, self.l2, self.ln = (torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 32),
-                                               torch.nn.LayerNorm(32))
-
-    def forward(self, x):
-        return self.ln(self.l2(self.act(self.l1(x))))
 
 
 OPTIMIZERS = {

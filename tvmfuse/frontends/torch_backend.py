@@ -211,49 +211,40 @@ def _training(gm, example_inputs, options, fallback, autograd, record):
     why = torch_train.refusal(example_inputs)
     if not why and autograd == "eager":
         why = "options={'autograd': 'eager'}: training graphs run in eager PyTorch"
-    if not why:
-        def new_record(kind, ops):
-            return dataclasses.replace(record, kind=kind, ops=ops, calls_eager=[], notes=[])
-
-        try:
-            return torch_train.train_backend(gm, example_inputs, options, fallback, new_record)
-        except Exception as err:  # noqa: BLE001 - AOTAutograd could not trace it: eager, autograd intact
-            if fallback == "error":
-                raise
-            why = f"AOTAutograd could not trace the graph: {type(err).__name__}: {_first_line(err)}"
-            log.debug("the failure", exc_info=True)
-    record.kind, record.reason = "training", why
-    first = torch_records.add(record)
-    if fallback == "error":
-        raise BackendFallbackError(f"tvmfuse backend: graph {record.compile_id} of {record.root[1]} cannot be "
-                                   f"compiled for training: {why}")
-    (log.warning if first else log.info)("tvmfuse backend: graph %s of %s runs in eager PyTorch: %s",
-                                         record.compile_id, record.root[1], why)
-    return gm.forward
+    return _through_aot(gm, example_inputs, options, fallback, record, why, torch_train.train_backend,
+                        kind="training", what="the graph", compiled_as="for training")
 
 
 def _update(gm, example_inputs, options, fallback, record):
     """A graph that updates its inputs in place, an optimizer step (torch_update.py): its functional
     ATen graph built by tvmfuse, the updates copied back; or the dynamo graph in eager PyTorch with
     the reason recorded."""
-    why = torch_update.refusal(gm, example_inputs)
+    return _through_aot(gm, example_inputs, options, fallback, record, torch_update.refusal(gm, example_inputs),
+                        torch_update.update_backend, kind="update", what="the update graph",
+                        compiled_as="as an update")
+
+
+def _through_aot(gm, example_inputs, options, fallback, record, why, backend, *, kind, what, compiled_as):
+    """The AOTAutograd routes (training, update): `backend(...)` unless `why` refuses it or AOT cannot
+    trace the graph; otherwise the dynamo graph in eager PyTorch, recorded with the reason (raised
+    under fallback="error")."""
     if not why:
-        def new_record(kind, ops):
-            return dataclasses.replace(record, kind=kind, ops=ops, calls_eager=[], notes=[])
+        def new_record(k, ops):
+            return dataclasses.replace(record, kind=k, ops=ops, calls_eager=[], notes=[])
 
         try:
-            return torch_update.update_backend(gm, example_inputs, options, fallback, new_record)
-        except Exception as err:  # noqa: BLE001 - AOTAutograd could not trace it: eager, updates intact
+            return backend(gm, example_inputs, options, fallback, new_record)
+        except Exception as err:  # noqa: BLE001 - AOTAutograd could not trace it: eager, autograd/updates intact
             if fallback == "error":
                 raise
-            why = f"AOTAutograd could not trace the update graph: {type(err).__name__}: {_first_line(err)}"
+            why = f"AOTAutograd could not trace {what}: {type(err).__name__}: {_first_line(err)}"
             log.debug("the failure", exc_info=True)
-    record.kind, record.reason = "update", why
+    record.kind, record.reason = kind, why
     first = torch_records.add(record)
     if fallback == "error":
         raise BackendFallbackError(f"tvmfuse backend: graph {record.compile_id} of {record.root[1]} cannot be "
-                                   f"compiled as an update: {why}")
-    (log.warning if first else log.info)("tvmfuse backend: graph %s of %s left to eager PyTorch: %s",
+                                   f"compiled {compiled_as}: {why}")
+    (log.warning if first else log.info)("tvmfuse backend: graph %s of %s runs in eager PyTorch: %s",
                                          record.compile_id, record.root[1], why)
     return gm.forward
 
