@@ -5,7 +5,7 @@
   python scripts/suite.py --merge A.json B.json --json C.json   # one result from an interrupted run and its rest
 
 Rows and summary: --json PATH (default results/suite/suite-<size>-b<batch>.json) and --markdown PATH
-(.md beside it). Stages: import,build,numerics,latency,backend (latency only at full size).
+(.md beside it). Stages: import,onnx,build,numerics,latency,backend (latency only at full size).
 See tvmfuse/suite/ for what each stage does.
 """
 from __future__ import annotations

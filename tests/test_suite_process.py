@@ -81,3 +81,19 @@ def test_merge_refuses_runs_from_different_machines_or_sizes():
         summary.merge([a, _result([_row("gpt2", True, {})], cpu="other")], "m")
     with pytest.raises(ValueError, match="different size"):
         summary.merge([a, _result([_row("gpt2", True, {})], size="tiny")], "m")
+
+
+def test_slower_than_stock_is_judged_against_the_runs_own_noise():
+    from tvmfuse.suite.runner import quartiles
+
+    noisy = _row("noisy", True, {"tvmfuse": 1.02, "tvm": 1.0})
+    noisy["tvmfuse_over_tvm"] = quartiles([0.97, 1.05, 0.99, 1.04, 1.02])  # slower in 3 rounds of 5: noise
+    slow = _row("slow", True, {"tvmfuse": 1.2, "tvm": 1.0})
+    slow["tvmfuse_over_tvm"] = quartiles([1.1, 1.2, 1.25, 1.18, 1.3])
+    assert noisy["tvmfuse_over_tvm"] == {"median": 1.02, "q1": 0.99, "q3": 1.04}
+    s = summary.summarize([noisy, slow])
+    assert s["slower_than_tvm"] == ["slow"]
+    md = summary.markdown({"size": "full", "batch": 1, "command": "x", "rows": [noisy, slow], "summary": s,
+                           "machine": _result([])["machine"]})
+    assert "beyond noise (per-round ratio's lower quartile above 1): slow." in md
+    assert "| 1.020 [0.990, 1.040] |" in md

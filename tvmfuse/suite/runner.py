@@ -1,16 +1,20 @@
 """One model of the suite, every stage, one row: `run_model(name, size, batch, stages)`.
 
 Stages (each its own entry in row["stages"]: ok, seconds, and on failure "ErrorClass: first line"):
-  import    "import[torch.export]" (tvmfuse.from_torch) and "import[onnx]" (torch.onnx.export through
-            tvmfuse.bench.baselines._export_onnx, then tvmfuse.from_onnx): both attempted.
+  import    "import[torch.export]" (tvmfuse.from_torch).
+  onnx      "import[onnx]" (torch.onnx.export through tvmfuse.bench.baselines._export_onnx, then
+            tvmfuse.from_onnx), and with build "build[tvmfuse,onnx]" of it (numerics too when asked).
   build     "build[tvm]" and "build[tvmfuse]" of the torch.export import (of the ONNX import when
             torch.export failed), through tvmfuse.bench._tvm_system (launches static and counted
-            while running); "build[tvmfuse,onnx]" of the ONNX import.
+            while running).
   numerics  each build against PyTorch eager: np.testing.assert_allclose with rtol 1e-3 and atol
             ATOL[size] (1e-4 tiny, 1e-3 full: random weights, outputs of order 1).
   latency   full size only: medians of tvmfuse, tvm, onnxruntime, torch eager, torch.compile and
             torch.compile with Inductor's freezing, timed in ROUNDS interleaved rounds (order rotated)
             of tvmfuse.bench.core._time; the peers are tvmfuse.bench.baselines.model_peer's.
+            row["latency_rounds_ms"] keeps every round; row["tvmfuse_over_tvm"] is the median, lower
+            and upper quartile of the per-round ratio tvmfuse/tvm (the two timed next to each other
+            in each round), so "slower than stock" is judged against the run's own noise.
   backend   torch.compile(module, backend="tvmfuse"): torch._dynamo.explain's graphs and graph
             breaks (with reasons), then one compiled call: the backend's record of each graph
             (frontends/torch_records.py: eager ones with their reasons, and how many took the
@@ -30,6 +34,7 @@ import argparse
 import gc
 import json
 import os
+import statistics
 import time
 
 import numpy as np
@@ -37,11 +42,11 @@ import numpy as np
 from . import archs
 from ..frontends import torch_records
 
-STAGES = ("import", "build", "numerics", "latency", "backend")
+STAGES = ("import", "onnx", "build", "numerics", "latency", "backend")
 ATOL = {"tiny": 1e-4, "full": 1e-3}
 RTOL = 1e-3
-ROUNDS = 5
-BUDGET_S = 0.2
+ROUNDS = 9
+BUDGET_S = 0.3
 TINY = 1.1754943508222875e-38  # float32's smallest normal
 
 
@@ -146,7 +151,7 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
             _build_stage(row, name, fusion, fusion, torch_mod, arrays, module, ref, size, stages, ready, timed, emit)
     torch_mod = None
     gc.collect()
-    if "import" in stages:
+    if "onnx" in stages:
         with _Stage(row, "import[onnx]", emit):
             onnx_mod = _import_onnx(module, arrays)
     if "build" in stages and onnx_mod is not None:
@@ -162,7 +167,11 @@ def run_model(name, size="tiny", batch=1, stages=STAGES, emit=lambda row: None) 
     gc.collect()
     if "latency" in stages and size == "full" and ready:
         with _Stage(row, "latency", emit):
-            row["latency_ms"], row["latency_skipped"] = latency(name, module, arrays, ready, ref)
+            rounds, row["latency_skipped"] = latency(name, module, arrays, ready, ref)
+            row["latency_rounds_ms"] = rounds
+            row["latency_ms"] = {s: round(statistics.median(v), 4) for s, v in rounds.items()}
+            if "tvmfuse" in rounds and "tvm" in rounds:
+                row["tvmfuse_over_tvm"] = quartiles([a / b for a, b in zip(rounds["tvmfuse"], rounds["tvm"])])
     ready.clear()
     gc.collect()
     if "backend" in stages:
@@ -193,9 +202,7 @@ def _build_stage(row, name, key, fusion, mod, arrays, module, ref, size, stages,
 
 
 def latency(name, module, arrays, ready, ref):
-    """{system: median ms}, {system: why it has no number}; TVM builds from `ready`."""
-    import statistics
-
+    """{system: [ms of each round]}, {system: why it has no number}; TVM builds from `ready`."""
     from ..bench.baselines import model_peer
     from ..bench.core import _time
     from ..target import runtime_threads
@@ -221,7 +228,13 @@ def latency(name, module, arrays, ready, ref):
     for i in range(ROUNDS):
         for s in order[i % len(order):] + order[:i % len(order)]:
             samples[s].append(_time(calls[s], BUDGET_S))
-    return {s: round(statistics.median(v) * 1e3, 4) for s, v in samples.items()}, skipped
+    return {s: [round(t * 1e3, 4) for t in v] for s, v in samples.items()}, skipped
+
+
+def quartiles(values) -> dict:
+    """{"median", "q1", "q3"} of `values` (statistics' inclusive quantiles), rounded."""
+    q1, med, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return {"median": round(med, 4), "q1": round(q1, 4), "q3": round(q3, 4)}
 
 
 def backend(module, tensors, ref, size) -> dict:

@@ -3,7 +3,9 @@
 `summarize(rows)` -> {"stages": {stage: {"passed", "ran", "rate"}}, "pass_all": architectures that
 passed import[torch.export], build[tvmfuse] and numerics[tvmfuse], "backend": compiled without
 eager fallback, "geomean": tvmfuse's latency over each peer's (below 1: tvmfuse faster), over
-fusion="tvm"'s and over the best peer's per model}. A row whose process died has the stage it died
+fusion="tvm"'s and over the best peer's per model, "slower_than_tvm": the models where tvmfuse
+was slower than fusion="tvm" beyond the run's noise (the lower quartile of their per-round ratio
+above 1: slower in more than three rounds of four)}. A row whose process died has the stage it died
 in (or "process") failed with the error class and first line (scripts/suite.py).
 """
 from __future__ import annotations
@@ -44,7 +46,8 @@ def summarize(rows) -> dict:
                 vals.append(ms["tvmfuse"] / peer)
         ratios[other] = {"geomean": round(geomean(vals), 4) if vals else None, "models": len(vals)}
     backend = [r["backend"] for r in rows if "backend" in r]
-    return {"models": len(rows), "stages": stages,
+    slower = [r["model"] for r in rows if r.get("tvmfuse_over_tvm", {}).get("q1", 0) > 1]
+    return {"slower_than_tvm": slower, "models": len(rows), "stages": stages,
             "pass_all": {"passed": core, "of": len(rows), "rate": round(core / len(rows), 3) if rows else None},
             "backend": {"compiled": sum(b["compiled"] for b in backend), "of": len(backend),
                         "graph_breaks": sum(b["graph_breaks"] for b in backend)},
@@ -87,15 +90,24 @@ def markdown(result) -> str:
         out += ["## tvmfuse latency over each (geometric mean; below 1: tvmfuse faster)", "",
                 "| vs | geomean | models |", "|---|---|---|"]
         out += [f"| {k} | {v['geomean']} | {v['models']} |" for k, v in summ["tvmfuse_over"].items()]
+        if any("tvmfuse_over_tvm" in r for r in rows):
+            slower = summ.get("slower_than_tvm", [])
+            out += ["", "Slower than fusion=\"tvm\" beyond noise (per-round ratio's lower quartile above 1): "
+                    + (", ".join(slower) if slower else "none") + "."]
         out.append("")
     lat = [s for s in ("tvmfuse", "tvm") + PEERS if any(s in r.get("latency_ms", {}) for r in rows)]
-    head = ["model", "family"] + stages + ["launches tvm/tvmfuse"] + [f"{s} ms" for s in lat] + ["first error"]
+    ratio = any("tvmfuse_over_tvm" in r for r in rows)
+    head = (["model", "family"] + stages + ["launches tvm/tvmfuse"] + [f"{s} ms" for s in lat]
+            + (["tvmfuse/tvm per round: median [q1, q3]"] if ratio else []) + ["first error"])
     out += ["## Rows", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         errs = [f"{s}: {v.get('error', 'failed')}" for s, v in r.get("stages", {}).items() if not v["ok"]]
         ln, ms = r.get("launches", {}), r.get("latency_ms", {})
         cells = [r["model"], r.get("family", "")] + [_cell(r, s) for s in stages]
         cells += [f"{ln.get('tvm', '')}/{ln.get('tvmfuse', '')}"] + [str(ms.get(s, "")) for s in lat]
+        if ratio:
+            q = r.get("tvmfuse_over_tvm")
+            cells.append(f"{q['median']:.3f} [{q['q1']:.3f}, {q['q3']:.3f}]" if q else "")
         cells.append(errs[0].replace("|", "/")[:200] if errs else "")
         out.append("| " + " | ".join(cells) + " |")
     notes = [f"- {r['model']}: {r['note']}" for r in rows if r.get("note")]
