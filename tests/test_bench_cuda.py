@@ -147,3 +147,47 @@ def test_cuda_commands_without_a_gpu_exit_3_at_once(cmd):
     assert time.time() - t0 < 30  # nothing was built
     (line,) = p.stderr.strip().splitlines()
     assert line.startswith("error: ") and "no CUDA GPU on this machine" in line
+
+
+def test_tvm_device_timer_flushes_before_every_single_timed_call():
+    """The device clock's TVM side is the VM's time_evaluator with number=1 and the flush as its
+    f_preproc; on the CPU (whose clock is the device clock) the same code runs."""
+    from tvmfuse.bench.gpu_clock import tvm_device_timer
+
+    c = built("softmax_decomposed", "tvmfuse")
+    args = c.convert_inputs(workloads.get("softmax_decomposed", "small").inputs())
+    flushes = []
+    timed = tvm_device_timer(c.vm(), args, c.device, lambda: flushes.append(1))
+    samples = timed(4)
+    assert len(samples) == 4 and all(0 < s < 1 for s in samples)
+    assert len(flushes) == 4  # one flush before each timed call
+
+
+def test_no_cuda_timer_is_a_reason_not_a_host_clock_figure():
+    from tvmfuse.bench.gpu_clock import CUDA_TIMER, device_timer_reason
+
+    if not tvm.runtime.enabled("cuda"):
+        assert CUDA_TIMER in device_timer_reason(tvm.cuda(0))
+    assert device_timer_reason(tvm.cpu(0)) is None
+
+
+def test_gpu_rounds_keep_both_clocks_and_the_report_shows_the_launch_overhead():
+    order = []
+    ready = {"tvmfuse": bench.Ready(call=lambda: None, out=np.zeros(1)),
+             "onnxruntime": bench.Ready(call=lambda: None, out=np.zeros(1))}
+
+    def device(r, n):
+        order.append(("device", n))
+        return [0.001] * n if r is ready["tvmfuse"] else "host clock only"
+
+    def sample(r):
+        order.append(("host", 3))
+        return [0.0015] * 3
+
+    samples, _, on_device = bench._rounds(ready, sample, 2, device)
+    assert order[:2] == [("host", 3), ("device", 3)]
+    assert on_device == {"tvmfuse": [0.001] * 6, "onnxruntime": "host clock only"}
+    row = bench.Row("w", ms={"tvmfuse": 1.5, "onnxruntime": 2.0}, device_ms={"tvmfuse": 1.0},
+                    no_device_clock={"onnxruntime": "host clock only"}, ok={"tvmfuse": True, "onnxruntime": True})
+    text = bench.summary([row], ["tvmfuse", "onnxruntime"])
+    assert "| w | 1.0000 (+0.5000) |" in text and "- no device clock, onnxruntime: host clock only" in text

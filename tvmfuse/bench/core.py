@@ -70,6 +70,8 @@ class Row:
     memory_bound: bool = False  # the workload's fact (workload.Workload.memory_bound)
     reduction_heavy: bool = False  # the workload's fact (workload.Workload.reduction_heavy)
     capped: dict = field(default_factory=dict)  # system -> how its timing was cut short (SLOW_CALL_S)
+    device_ms: dict = field(default_factory=dict)  # GPU: system -> median ms on the device's clock
+    no_device_clock: dict = field(default_factory=dict)  # GPU: system -> why it has no device clock
 
     def ratio(self, a, b):
         """How many times faster a is than b (b's ms over a's)."""
@@ -103,6 +105,9 @@ class Ready:
     build_s: float = 0.0
     compiled: object = None  # a TVM system's tvmfuse.Compiled (the per-kernel profile)
     call_s: float = 0.0  # a TVM system: seconds of one call (its numerics run), for SLOW_CALL_S
+    # GPU only: flush -> (n -> n device-clock seconds, each call after flush()) or why there is no
+    # device clock (tvmfuse.bench.gpu_clock)
+    device_timer: Callable | None = None
 
 
 def _tvm_system(w, system, target, x, logs):
@@ -119,8 +124,14 @@ def _tvm_system(w, system, target, x, logs):
     out = c(*x)
     call_s = time.perf_counter() - t0
     ran, _ = dynamic_launches(c, args)
+    timer = None
+    if is_gpu(target):
+        from .gpu_clock import tvm_device_timer
+
+        vm = c.vm()
+        timer = lambda flush: tvm_device_timer(vm, args, c.device, flush)  # noqa: E731
     return Ready(lambda: f(*args), out, c.device.sync, launches=c.launches, ran=ran, build_s=build_s, compiled=c,
-                 call_s=call_s)
+                 call_s=call_s, device_timer=timer)
 
 
 def _callables(w, systems, target, threads, logs=None):
@@ -193,14 +204,24 @@ def _time(call, budget_s):
 
 
 def _sampler(target, arch, budget_s):
-    """sample(Ready) -> per-call seconds of one round. CPU: one figure, the mean over budget_s of
-    back-to-back calls. GPU: every single call of the round, each after an L2 flush."""
+    """(sample, device): sample(Ready) -> per-call seconds of one round. CPU: one figure, the mean
+    over budget_s of back-to-back calls. GPU: every single call of the round, each after an L2
+    flush, on the host clock. device(Ready, n) -> n device-clock seconds (each call after a flush),
+    or a string saying why the system has none; None on the CPU (one clock)."""
     if not is_gpu(target):
-        return lambda r: [_time(r.call, budget_s)]
+        return (lambda r: [_time(r.call, budget_s)]), None
     from . import gpu as bench_gpu
 
     flush = bench_gpu.l2_flush(arch)
-    return lambda r: bench_gpu.time_flushed(r.call, r.sync, flush, budget_s)
+    timers = {}
+
+    def device(r, n):
+        if id(r) not in timers:
+            timers[id(r)] = r.device_timer(flush) if r.device_timer else "no device clock for this system"
+        t = timers[id(r)]
+        return t if isinstance(t, str) else t(n)
+
+    return (lambda r: bench_gpu.time_flushed(r.call, r.sync, flush, budget_s)), device
 
 
 def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None,
@@ -229,8 +250,11 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
         row.ok[s] = bool(_close(r.out, ref, rtol, atol))
         if r.launches is not None:
             row.launches[s], row.ran[s] = r.launches, r.ran
-    samples, row.capped = _rounds(calls, _sampler(t, arch, budget_s), rounds)
+    sample, device = _sampler(t, arch, budget_s)
+    samples, row.capped, on_device = _rounds(calls, sample, rounds, device)
     row.ms = {s: statistics.median(v) * 1e3 for s, v in samples.items()}
+    row.device_ms = {s: statistics.median(v) * 1e3 for s, v in on_device.items() if isinstance(v, list) and v}
+    row.no_device_clock = {s: v for s, v in on_device.items() if isinstance(v, str)}
     if row.flops and "tvmfuse" in calls and not is_gpu(t):
         row.kernels = [{k: v for k, v in r.items() if k != "outputs"}
                        for r in _kernel_rows(calls["tvmfuse"].compiled, w.inputs(), row.ms["tvmfuse"])]
@@ -246,23 +270,29 @@ def _one_call(r) -> list:
     return [time.perf_counter() - t0]
 
 
-def _rounds(calls, sample, rounds):
-    """The interleaved rounds: ({system: per-call seconds}, {system: how its timing was capped}).
-    A system whose call took over SLOW_CALL_S gets one call in each of the first SLOW_ROUNDS rounds."""
+def _rounds(calls, sample, rounds, device=None):
+    """The interleaved rounds: ({system: per-call seconds}, {system: how its timing was capped},
+    {system: device-clock seconds, or why it has none}). A system whose call took over SLOW_CALL_S
+    gets one call in each of the first SLOW_ROUNDS rounds. With `device` (GPU), each system's
+    host-clock samples of a round are followed by as many device-clock samples."""
     slow = {s for s, r in calls.items() if r.call_s > SLOW_CALL_S}
     capped = {s: f"one call took {calls[s].call_s:.1f} s (over {SLOW_CALL_S:g} s): timed in "
                  f"{min(rounds, SLOW_ROUNDS)} rounds of one call, not {rounds} rounds of the budget" for s in slow}
-    samples = {s: [] for s in calls}
+    samples, on_device = {s: [] for s in calls}, {}
     order = list(calls)
     for i in range(rounds):
         for s in order[i % len(order):] + order[: i % len(order)]:
             if s in slow:
                 samples[s] += _one_call(calls[s]) if i < SLOW_ROUNDS else []
             else:
-                samples[s] += sample(calls[s])
+                got = sample(calls[s])
+                samples[s] += got
+                if device is not None and not isinstance(on_device.get(s), str):
+                    more = device(calls[s], len(got))
+                    on_device[s] = more if isinstance(more, str) else on_device.get(s, []) + more
             if s == "numpy":
                 time.sleep(BLAS_SPIN_S)
-    return samples, capped
+    return samples, capped, on_device
 
 
 PROFILE_TRIES = 3  # kernel profiles taken at most per model

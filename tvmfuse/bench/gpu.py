@@ -5,11 +5,13 @@
   GPU's L2 (as the device reports it, else FALLBACK_FLUSH_BYTES), so no timed call finds its
   inputs or weights left in L2 by the call before.
 - `time_flushed(call, sync, flush, budget_s)`: single calls, each after a flush, each timed on the
-  host clock from launch to device synchronization.
+  host clock from launch to device synchronization. Each round also times as many calls on the
+  device's own clock (tvmfuse/bench/gpu_clock.py: CUDA events), so the row has both and the launch
+  overhead (host - device) per system.
 - `peer(w, system, threads)`: the CUDA form of a peer (torch, torch.compile with and without
   freezing, onnxruntime), or why it has none here.
 
-Why not TVM's time_evaluator: in TVM 0.27 the VM's `time_evaluator` (tvm/runtime/vm.py) does not
+Why the host clock is kept beside time_evaluator's device clock: in TVM 0.27 the VM's `time_evaluator` (tvm/runtime/vm.py) does not
 pass `cache_flush_bytes` on; the module-level one (tvm/runtime/module.py) does, but the C++ timer
 behind it (WrapTimeEvaluator in upstream src/runtime/profiling.cc; the wheel ships only the binary)
 flushes with a device-to-device copy once per repeat, before `number` calls, and it can time only
@@ -154,9 +156,12 @@ def peer(w, system: str, threads: int):
             return "torch is not installed"
         if not torch.cuda.is_available():
             return f"torch {torch.__version__} has no CUDA here (torch.cuda.is_available() is False)"
+        from .gpu_clock import torch_device_timer
+
         r = baselines.TorchRunner(w, threads, compiled=system != "torch", device="cuda",
                                   freezing=system == "torch.compile+freezing")
-        return {"call": r.run, "out": r(*x), "sync": torch.cuda.synchronize, "compile_s": r.compile_s}
+        return {"call": r.run, "out": r(*x), "sync": torch.cuda.synchronize, "compile_s": r.compile_s,
+                "device_timer": lambda flush: torch_device_timer(r.run, flush)}
     if system == "onnxruntime":
         try:
             import onnxruntime as ort
@@ -167,5 +172,6 @@ def peer(w, system: str, threads: int):
         if baselines.onnx_model(w) is None:
             return "no ONNX form"
         r = baselines.OrtRunner(w, threads, device="cuda")  # run_with_iobinding returns when done
-        return {"call": r.bound(*x), "out": r(*x)}
+        return {"call": r.bound(*x), "out": r(*x),
+                "device_timer": lambda flush: "onnxruntime's session gives no device clock: host clock only"}
     raise ValueError(f"{system!r} is not a peer")

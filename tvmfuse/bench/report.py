@@ -68,6 +68,23 @@ def _table(rows, systems):
     return lines
 
 
+def _clock_table(rows, systems):
+    """GPU rows: each system's median on the device clock (CUDA events around each flushed call) and
+    its launch overhead (the host clock's median minus the device clock's)."""
+    if not any(getattr(r, "device_ms", None) for r in rows):
+        return []
+    shown = [s for s in systems if any(s in r.device_ms for r in rows)]
+    lines = ["", "Device clock (CUDA events around each call, after an L2 flush): median ms, and in brackets the "
+             "launch overhead the host clock adds (host median - device median)", "",
+             "| workload | " + " | ".join(f"{s} device ms" for s in shown) + " |", "|" + "---|" * (len(shown) + 1)]
+    for r in rows:
+        cells = [f"{r.device_ms[s]:.4f} (+{r.ms[s] - r.device_ms[s]:.4f})" if s in r.device_ms and s in r.ms
+                 else "-" for s in shown]
+        lines.append(f"| {r.workload} | " + " | ".join(cells) + " |")
+    whys = sorted({f"{s}: {why}" for r in rows for s, why in getattr(r, "no_device_clock", {}).items()})
+    return lines + ([""] + [f"- no device clock, {w}" for w in whys] if whys else [])
+
+
 def summary(rows, systems):
     """Markdown: the legend, one line per workload, then the geometric means the targets are stated in."""
     lines = [legend(systems), ""] + _table(rows, systems) + [""]
@@ -94,6 +111,7 @@ def summary(rows, systems):
         compiles = [f"{r.workload} {r.compile_s[system]:.1f}s" for r in rows if system in r.compile_s]
         if compiles:
             lines.append(f"- {system} compile time (first call): " + ", ".join(compiles))
+    lines += _clock_table(rows, systems)
     builds = [f"{r.workload} {r.import_s:.1f}s + {r.build_s['tvmfuse']:.1f}s" for r in rows
               if r.import_s and "tvmfuse" in r.build_s]
     if builds:
