@@ -23,10 +23,10 @@ from tvm import relax, tirx
 import tvmfuse
 from tvmfuse.errors import ConfigError
 from tvmfuse.fusion.classify import ELEMENTWISE, INJECTIVE, classify
-from tvmfuse.passes.cast_to_half import cast_to_half
+from tvmfuse.passes.cast_to_half import HALF_TOLERANCE, cast_to_half
 from tvmfuse.zoo import models, workloads
 
-TOL = {"float16": 1e-2, "bfloat16": 4e-2}
+TOL = HALF_TOLERANCE
 HALF = ("float16", "bfloat16")
 ZOO = ("mlp_block", "attention", "softmax_chain", "layernorm_decomposed", "rmsnorm_residual", "conv_relu_bn_add")
 _BUILDS = {}

@@ -234,23 +234,31 @@ class TorchRunner:
     """The workload in PyTorch, eager or through torch.compile (Inductor; with `freezing`, Inductor's
     freezing on); numpy in, numpy out. `compile_s` is the time of the first (compiling) call. On
     `device` "cuda" the inputs live on the GPU, and `run` returns with the work queued (synchronize
-    to wait for it)."""
+    to wait for it). `dtype` "float16"/"bfloat16": the floating-point inputs (the zoo's weights are
+    inputs) cast to it, outputs back to float32."""
 
-    def __init__(self, workload, threads: int, compiled: bool = False, device: str = "cpu", freezing: bool = False):
+    def __init__(self, workload, threads: int, compiled: bool = False, device: str = "cpu", freezing: bool = False,
+                 dtype: str = "float32"):
         import time
 
         import torch
 
         torch.set_num_threads(threads)
         fn = _torch_fns()[workload.name](workload)
-        self.device = device
-        self.args = [torch.from_numpy(a).to(device) for a in workload.inputs()]
+        self.device, self.dtype = device, getattr(torch, dtype)
+        self.args = [self._arg(a) for a in workload.inputs()]
         with freezing_scope(freezing):
             self.fn = torch_compile(fn, freezing) if compiled or freezing else fn
             t0 = time.perf_counter()
             with torch.no_grad():
                 self.fn(*self.args)
         self.compile_s = time.perf_counter() - t0 if compiled or freezing else 0.0
+
+    def _arg(self, a):
+        import torch
+
+        t = torch.from_numpy(a).to(self.device)
+        return t.to(self.dtype) if t.is_floating_point() else t
 
     def run(self):
         import torch
@@ -262,8 +270,13 @@ class TorchRunner:
         import torch
 
         with torch.no_grad():
-            out = self.fn(*[torch.from_numpy(a).to(self.device) for a in arrays])
-        return tuple(o.cpu().numpy() for o in out) if isinstance(out, tuple) else out.cpu().numpy()
+            out = self.fn(*[self._arg(a) for a in arrays])
+        return tuple(_to_numpy(o) for o in out) if isinstance(out, tuple) else _to_numpy(out)
+
+
+def _to_numpy(t):
+    """A torch output as numpy, floating point as float32 (a half peer's outputs)."""
+    return (t.float() if t.is_floating_point() else t).cpu().numpy()
 
 
 # ---------------------------------------------------------------- real models (tvmfuse.zoo.models)
@@ -331,12 +344,15 @@ def _export_onnx(module, arrays) -> tuple[bytes | None, str]:
     return None, "ONNX export failed (" + "; ".join(errors) + ")"
 
 
-def model_peer(m, system: str, threads: int):
+def model_peer(m, system: str, threads: int, device: str = "cpu", dtype: str = "float32"):
     """A real model's peer: (zero-argument call, seconds of its first call) or the reason it has
     none. "torch": eager; "torch.compile": Inductor on the module; "torch.compile+freezing": the
     same with Inductor's freezing (freezing_scope, no_grad); "torch.compile[tvmfuse]":
     tvmfuse's dynamo backend on the module; "onnxruntime": the module exported to ONNX (the model's
-    own ONNX reference for an ONNX-imported model)."""
+    own ONNX reference for an ONNX-imported model). On `device` "cuda" (torch peers only) the
+    module and inputs are moved there and the call returns with the work queued; in a half `dtype`
+    a copy of the module and the floating-point inputs are cast to it (the user's module is left
+    as it was)."""
     import time
 
     x = m.inputs()
@@ -346,8 +362,20 @@ def model_peer(m, system: str, threads: int):
         return "no torch module"
     import torch
 
+    if device != "cpu" and system == "onnxruntime":
+        return "onnxruntime on CUDA is wired for the zoo only"
+    if device == "cuda" and not torch.cuda.is_available():
+        return f"torch {torch.__version__} has no CUDA here (torch.cuda.is_available() is False)"
     torch.set_num_threads(threads)
-    args = [torch.from_numpy(a) for a in x]
+    half = getattr(torch, dtype) if dtype != "float32" else None
+    args = [torch.from_numpy(a).to(device) for a in x]
+    args = [a.to(half) if half is not None and a.is_floating_point() else a for a in args]
+    module = m.module
+    if half is not None or device != "cpu":
+        import copy
+
+        module = copy.deepcopy(module).to(device=device, dtype=half) if half is not None else (
+            copy.deepcopy(module).to(device))
     if system == "onnxruntime":
         blob, why = _export_onnx(m.module, x)
         if blob is None:
@@ -358,14 +386,14 @@ def model_peer(m, system: str, threads: int):
     freezing = system == "torch.compile+freezing"
     with freezing_scope(freezing):  # around the compile and its first call
         if system == "torch.compile[tvmfuse]":
-            fn = torch.compile(m.module.eval(), backend="tvmfuse")
+            fn = torch.compile(module.eval(), backend="tvmfuse")
         else:
-            fn = torch_compile(m.module.eval(), freezing) if system.startswith("torch.compile") else m.module
+            fn = torch_compile(module.eval(), freezing) if system.startswith("torch.compile") else module
 
         def call():
             with torch.no_grad() if freezing else torch.inference_mode():
                 out = fn(*args)
-            return out.numpy() if hasattr(out, "numpy") else out
+            return _to_numpy(out) if device == "cpu" and hasattr(out, "numpy") else out
 
         t0 = time.perf_counter()
         call()

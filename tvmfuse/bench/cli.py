@@ -11,6 +11,8 @@ roofline: memory bandwidth and matmul throughput measured in the same run, each 
 workload's latency as a multiple of its bandwidth bound, GFLOP/s of the compute-heavy ones.
 --quick: small shapes, few rounds, no roofline (a smoke run).
 --train: one training step per system (tvmfuse/bench/train.py).
+--dtype float16|bfloat16: TVM systems built in that type (build's dtype=), torch peers run in it,
+the numerics held to cast_to_half.HALF_TOLERANCE against the float32 reference.
 --target cuda: the same on tvm.cuda(0) (see tvmfuse/bench/gpu.py): an L2 flush before every timed
 call, medians of single calls, launches counted while running next to the static count, peers on
 the GPU where their runtime has CUDA (else skipped, with the reason). Without a GPU it stops at
@@ -57,6 +59,9 @@ def add_arguments(ap):
     ap.add_argument("--systems", default=None,
                     help=f"comma-separated systems (default: {','.join(bench.SYSTEMS)}; "
                          f"{bench.BACKEND} only when a real model is among the workloads)")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
+                    help="compute in this type: TVM systems through build(dtype=), torch in it; systems with no "
+                         "such form are skipped with the reason; numerics against the float32 reference")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
     ap.add_argument("--logs", metavar="DIR", help="tuning logs: adds the tvm+tuned and tvmfuse+tuned systems")
@@ -118,7 +123,7 @@ def _write(args, header, table, target, timing, rows, record):
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": " ".join(sys.argv), "target": str(target), "timing": timing, "size": args.size,
-                       "rounds": args.rounds, "machine": record, "rows": [r.as_dict() for r in rows]}, f, indent=2)
+                       "rounds": args.rounds, "dtype": getattr(args, "dtype", "float32"), "machine": record, "rows": [r.as_dict() for r in rows]}, f, indent=2)
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write(header + "\n\n" + table + "\n")
@@ -160,7 +165,7 @@ def run(args):
     rows = []
     for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
         rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, target,
-                                           args.logs, args.arch))
+                                           args.logs, args.arch, getattr(args, "dtype", "float32")))
     table = bench.summary(rows, systems)
     if not args.no_roofline and not gpu:  # the roofline measures this CPU
         from ..runtime import roofline
@@ -174,7 +179,8 @@ def run(args):
     else:
         timing = f"{runtime_threads()} threads for every system"
     record = machine.record(target)
-    header = (f"target {target}, {timing}, {args.size} shapes, {args.rounds} rounds x {args.budget}s per system, "
+    dtype = getattr(args, "dtype", "float32")
+    header = (f"target {target}, {timing}, {args.size} shapes, {dtype}, {args.rounds} rounds x {args.budget}s per system, "
               f"{time.time() - t0:.0f}s in all\n\n{machine.describe(record)}")
     _write(args, header, table, target, timing, rows, record)
     wrong = [r.workload for r in rows if not all(r.ok.values())]

@@ -52,6 +52,7 @@ BLAS_SPIN_S = 0.15
 # that a run stays bounded; the row records it in `capped`.
 SLOW_CALL_S = 2.0
 SLOW_ROUNDS = 3
+F32 = "float32"
 
 @dataclass
 class Row:
@@ -110,14 +111,16 @@ class Ready:
     device_timer: Callable | None = None
 
 
-def _tvm_system(w, system, target, x, logs):
-    """A TVM system (none/tvm/tvmfuse, +tuned with `logs`, or vanilla TVM) built for `target`, its
-    inputs on the target's device, its launches counted statically and over one instrumented run."""
+def _tvm_system(w, system, target, x, logs, dtype=F32):
+    """A TVM system (none/tvm/tvmfuse, +tuned with `logs`, or vanilla TVM) built for `target` (in
+    `dtype`: build's half precision), its inputs on the target's device, its launches counted
+    statically and over one instrumented run."""
     t0 = time.perf_counter()
     if system == VANILLA:
         c = build_vanilla(w.mod, target)
     else:
-        c = build(w.mod, target, system.split("+")[0], tuning_logs=logs if system in TUNED else None)
+        c = build(w.mod, target, system.split("+")[0], tuning_logs=logs if system in TUNED else None,
+                  dtype=None if dtype == F32 else dtype)
     build_s = time.perf_counter() - t0
     f, args = c.vm()["main"], c.convert_inputs(x)
     t0 = time.perf_counter()
@@ -125,7 +128,7 @@ def _tvm_system(w, system, target, x, logs):
     call_s = time.perf_counter() - t0
     ran, _ = dynamic_launches(c, args)
     timer = None
-    if is_gpu(target):
+    if c.device.dlpack_device_type() != 1:  # a GPU (kDLCPU is 1): the device clock too
         from .gpu_clock import tvm_device_timer
 
         vm = c.vm()
@@ -134,9 +137,24 @@ def _tvm_system(w, system, target, x, logs):
                  call_s=call_s, device_timer=timer)
 
 
-def _callables(w, systems, target, threads, logs=None):
+# Under a half dtype (build's dtype=, passes/cast_to_half.py) the systems that have no such form
+# are left out, each with its reason; torch runs the model in that dtype.
+NO_HALF_FORM = {
+    VANILLA: "vanilla TVM has no half-precision build here (relax.build of the float32 module)",
+    "onnxruntime": "the ONNX export is float32: not a half-precision peer",
+    BACKEND: "torch.compile[tvmfuse] builds float32",
+    "numpy": "the float32 reference, not a half-precision system",
+}
+
+
+def _half_reason(s, dtype):
+    return NO_HALF_FORM.get(s) if dtype != F32 else None
+
+
+def _callables(w, systems, target, threads, logs=None, dtype=F32):
     """system -> Ready; system -> why skipped. On a GPU target the peers are their CUDA forms
-    (tvmfuse.bench.gpu.peer)."""
+    (tvmfuse.bench.gpu.peer, baselines.model_peer on "cuda"); in a half `dtype` the TVM systems
+    are built in it and torch runs in it."""
     from . import baselines, gpu as bench_gpu
 
     x = w.inputs()
@@ -146,20 +164,22 @@ def _callables(w, systems, target, threads, logs=None):
             raise ValueError(f"unknown system {s!r}; use some of {', '.join(SYSTEMS + TUNED)}")
         if s in TUNED and not logs:
             skipped[s] = "no tuning logs given"
+        elif _half_reason(s, dtype):
+            skipped[s] = _half_reason(s, dtype)
         elif s in TVM_SYSTEMS or s in TUNED or s == VANILLA:
-            out[s] = _tvm_system(w, s, target, x, logs)
+            out[s] = _tvm_system(w, s, target, x, logs, dtype)
         elif not w.zoo:  # a real model (tvmfuse.zoo.models) or a model file
-            got = "not wired for real models on CUDA" if is_gpu(target) else (
-                "numpy has no form of a real model" if s == "numpy" else baselines.model_peer(w, s, threads))
+            got = ("numpy has no form of a real model" if s == "numpy" else
+                   baselines.model_peer(w, s, threads, "cuda" if is_gpu(target) else "cpu", dtype))
             if isinstance(got, str):
                 skipped[s] = got
             else:
                 call, compile_s = got
-                out[s] = Ready(call, _as_numpy(call()), compile_s=compile_s)
+                out[s] = Ready(call, _as_numpy(call()), compile_s=compile_s, **_gpu_fields(target, call))
         elif s == BACKEND:
             skipped[s] = "real models only (the zoo has no torch module)"
         elif is_gpu(target):
-            got = bench_gpu.peer(w, s, threads)
+            got = bench_gpu.peer(w, s, threads, dtype)
             if isinstance(got, str):
                 skipped[s] = got
             else:
@@ -171,17 +191,31 @@ def _callables(w, systems, target, threads, logs=None):
             r = baselines.OrtRunner(w, threads)
             out[s] = Ready(lambda r=r: r(*x), r(*x))
         elif s in ("torch", "torch.compile", FREEZING):
-            r = baselines.TorchRunner(w, threads, compiled=s != "torch", freezing=s == FREEZING)
+            r = baselines.TorchRunner(w, threads, compiled=s != "torch", freezing=s == FREEZING, dtype=dtype)
             out[s] = Ready(r.run, r(*x), compile_s=r.compile_s)
         else:  # numpy
             out[s] = Ready(lambda: w.reference(*x), w.reference(*x))
     return out, skipped
 
 
+def _gpu_fields(target, call) -> dict:
+    """A torch peer's Ready fields on a GPU: synchronize, and the device clock (CUDA events)."""
+    if not is_gpu(target):
+        return {}
+    import torch
+
+    from .gpu_clock import torch_device_timer
+
+    return {"sync": torch.cuda.synchronize, "device_timer": lambda flush: torch_device_timer(call, flush)}
+
+
 def _as_numpy(out):
     if isinstance(out, (tuple, list)):
         return tuple(_as_numpy(o) for o in out)
-    return out.detach().numpy() if hasattr(out, "detach") else np.asarray(out)
+    if hasattr(out, "detach"):
+        out = out.detach()
+        return (out.float() if out.is_floating_point() else out).cpu().numpy()
+    return np.asarray(out)
 
 
 def _load(name, size):
@@ -225,10 +259,12 @@ def _sampler(target, arch, budget_s):
 
 
 def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None,
-                     arch="sm_90"):
+                     arch="sm_90", dtype=F32):
     """One Row for workload `name`: every system built, checked against the reference, then timed in
     `rounds` interleaved rounds (order rotated each round); ms is the median over all samples.
-    target "cuda" (compiled for `arch`) needs a GPU; bench_gpu.no_gpu_reason() says whether."""
+    target "cuda" (compiled for `arch`) needs a GPU; bench_gpu.no_gpu_reason() says whether.
+    dtype "float16"/"bfloat16": the TVM systems built in it, torch run in it, the numerics held to
+    cast_to_half.HALF_TOLERANCE against the float32 reference."""
     install_once()  # TVM's pool sized before any system runs; runtime_threads() agrees with it
     t0 = time.perf_counter()
     w = _load(name, size)
@@ -238,9 +274,14 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
         from . import gpu as bench_gpu
 
         bench_gpu.use_nvcc_without_nvrtc()
-    calls, skipped = _callables(w, systems, t, runtime_threads(), logs)
+    calls, skipped = _callables(w, systems, t, runtime_threads(), logs, dtype)
     ref = w.reference(*w.inputs())
     rtol, atol = (max(w.rtol, 1e-3), max(w.atol, 1e-4)) if is_gpu(t) else (w.rtol, w.atol)
+    if dtype != F32:
+        from ..passes.cast_to_half import HALF_TOLERANCE
+
+        scale = max(float(np.abs(r).max()) for r in (ref if isinstance(ref, tuple) else (ref,)))
+        rtol, atol = HALF_TOLERANCE[dtype], HALF_TOLERANCE[dtype] * scale
     row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s},
               build_s={s: r.build_s for s, r in calls.items() if r.build_s},
               memory_bound=w.memory_bound, reduction_heavy=w.reduction_heavy)

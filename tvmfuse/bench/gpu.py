@@ -141,7 +141,7 @@ def describe_timing(arch: str) -> str:
             "medians of single device-synchronized calls")
 
 
-def peer(w, system: str, threads: int):
+def peer(w, system: str, threads: int, dtype: str = "float32"):
     """`system` on the GPU for workload w, as the fields of a tvmfuse.bench.Ready (call: zero
     arguments, out: its outputs as numpy, sync, compile_s), or a string: why it cannot run here."""
     from . import baselines
@@ -159,7 +159,7 @@ def peer(w, system: str, threads: int):
         from .gpu_clock import torch_device_timer
 
         r = baselines.TorchRunner(w, threads, compiled=system != "torch", device="cuda",
-                                  freezing=system == "torch.compile+freezing")
+                                  freezing=system == "torch.compile+freezing", dtype=dtype)
         return {"call": r.run, "out": r(*x), "sync": torch.cuda.synchronize, "compile_s": r.compile_s,
                 "device_timer": lambda flush: torch_device_timer(r.run, flush)}
     if system == "onnxruntime":
