@@ -172,3 +172,27 @@ def test_a_slow_system_is_timed_in_few_rounds_of_one_call(monkeypatch):
     assert row.samples["tvmfuse"] == 5
     assert "rounds of one call" in row.capped[bench.VANILLA] and bench.VANILLA not in row.capped.get("tvmfuse", "")
     assert f"- {bench.VANILLA} on bias_relu_dropout: one call took" in bench.summary([row], ["tvmfuse", bench.VANILLA])
+
+
+def test_a_half_precision_row_builds_and_runs_every_system_in_it():
+    """--dtype float16: tvmfuse built in float16 and torch eager run in it, both checked against the
+    float32 reference at the half tolerance; the systems with no half form say why."""
+    from tvmfuse.bench import core as bench
+
+    row = bench.measure_workload("mlp_block", "small", ("tvmfuse", "torch", "onnxruntime", "numpy"), rounds=1,
+                                 budget_s=0.0, dtype="float16")
+    assert row.ok == {"tvmfuse": True, "torch": True} and set(row.ms) == {"tvmfuse", "torch"}
+    assert row.skipped == {"onnxruntime": bench.NO_HALF_FORM["onnxruntime"], "numpy": bench.NO_HALF_FORM["numpy"]}
+    from tvmfuse.target import resolve
+    from tvmfuse.zoo import workloads
+
+    calls, _ = bench._callables(workloads.get("mlp_block", "small"), ("tvmfuse", "torch"), resolve("llvm"), 1,
+                                dtype="float16")
+    assert "float16" in calls["tvmfuse"].compiled.mod.script()  # computed in half, not float32 relabelled
+    assert all(a.dtype == torch_float16() for a in calls["torch"].call.__self__.args if a.is_floating_point())
+
+
+def torch_float16():
+    import torch
+
+    return torch.float16
