@@ -196,3 +196,24 @@ def torch_float16():
     import torch
 
     return torch.float16
+
+
+def test_batch_sizes_apply_to_the_real_models_only():
+    from tvmfuse.bench.cli import _jobs
+    from tvmfuse.errors import TvmfuseError
+    from tvmfuse.zoo import models
+
+    assert _jobs(["mlp_block", "bert-tiny"], "1,8") == [(1, "mlp_block"), (1, "bert-tiny"), (8, "bert-tiny")]
+    with pytest.raises(TvmfuseError, match="only the real models"):
+        _jobs(["mlp_block"], "8")
+    with pytest.raises(TvmfuseError, match="whole numbers"):
+        _jobs(["bert-tiny"], "0,x")
+    w = models.get("bert-tiny", "small", batch=3)
+    assert w.inputs()[0].shape[0] == 3
+
+
+def test_a_real_model_row_at_batch_two_names_its_batch():
+    from tvmfuse.bench import core as bench
+
+    row = bench.measure_workload("bert-tiny", "small", ("tvmfuse", "torch"), rounds=1, budget_s=0.0, batch=2)
+    assert row.workload == "bert-tiny (batch 2)" and row.ok == {"tvmfuse": True, "torch": True}

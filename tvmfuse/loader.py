@@ -40,14 +40,18 @@ def _is_file_spec(spec: str) -> bool:
     return spec.endswith(SUFFIXES) or os.sep in spec or os.path.exists(spec)
 
 
-def load_model(spec, size: str = "small"):
+def load_model(spec, size: str = "small", batch: int = 1):
     """Resolve SPEC (see the module docstring) to a workload-like object: THE loader (`tvmfuse.load`)
-    every entry point uses (scripts/tune.py, bench, report, `tvmfuse report`/`graph`)."""
+    every entry point uses (scripts/tune.py, bench, report, `tvmfuse report`/`graph`). `batch` sets
+    a real model's batch (tvmfuse.zoo.models); the zoo's workloads and model files have their own."""
     spec = os.fspath(spec)
+    if batch != 1 and spec not in models.names():
+        raise UnknownWorkloadError(f"batch {batch} asked of {spec!r}: only the real models ({', '.join(models.names())}) "
+                                   "take a batch; the zoo's workloads and model files bring their own shapes")
     if spec in workloads.names():
         return workloads.get(spec, size)
     if spec in models.names():
-        return models.get(spec, size)
+        return models.get(spec, size, batch)
     if not _is_file_spec(spec):
         raise UnknownWorkloadError(
             f"unknown workload {spec!r}; known workloads: {', '.join(workloads.names())}; real models: "

@@ -62,6 +62,8 @@ def add_arguments(ap):
     ap.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"),
                     help="compute in this type: TVM systems through build(dtype=), torch in it; systems with no "
                          "such form are skipped with the reason; numerics against the float32 reference")
+    ap.add_argument("--batch", default="1",
+                    help="comma-separated batch sizes for the real models (e.g. 1,8): one row per model and batch")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved timing rounds (median reported)")
     ap.add_argument("--budget", type=float, default=0.2, help="seconds of calls per system per round")
     ap.add_argument("--logs", metavar="DIR", help="tuning logs: adds the tvm+tuned and tvmfuse+tuned systems")
@@ -117,6 +119,27 @@ def _selection(args):
     return systems, names
 
 
+def _jobs(names, batches: str) -> list[tuple[int, str]]:
+    """[(batch, workload)]: every workload at batch 1, and each real model at every batch asked;
+    TvmfuseError for a batch that is not a whole number of 1 or more, or a batch > 1 with no real
+    model to take it."""
+    from ..errors import TvmfuseError
+    from ..zoo import models
+
+    try:
+        sizes = [int(b) for b in batches.split(",") if b.strip()]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise TvmfuseError(f"--batch {batches!r}: give whole numbers of 1 or more, comma-separated (e.g. 1,8)")
+    real = [n for n in names if n in models.names()]
+    fixed = [n for n in names if n not in real]
+    if 1 not in sizes and fixed:
+        raise TvmfuseError(f"--batch {batches}: only the real models ({', '.join(models.names())}) take a batch; "
+                           f"{', '.join(fixed)} bring their own shapes (add 1 to the list to run them as they are)")
+    return [(b, n) for b in sizes for n in names if b == 1 or n in real]
+
+
 def _write(args, header, table, target, timing, rows, record):
     """The table on stdout; --json (the rows and the machine record) and --markdown files."""
     print(header + "\n\n" + table)
@@ -157,15 +180,16 @@ def run(args):
         args.size, args.rounds, args.budget, args.no_roofline = "small", 3, 0.02, True
     try:
         systems, names = _selection(args)
+        jobs = _jobs(names, getattr(args, "batch", "1"))
         target = resolve(args.target, arch=args.arch)  # once, for every workload
     except TvmfuseError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     t0 = time.time()
     rows = []
-    for name in tqdm(names, desc="workloads", unit="wl", file=sys.stderr):
+    for batch, name in tqdm(jobs, desc="workloads", unit="wl", file=sys.stderr):
         rows.append(bench.measure_workload(name, args.size, systems, args.rounds, args.budget, target,
-                                           args.logs, args.arch, getattr(args, "dtype", "float32")))
+                                           args.logs, args.arch, getattr(args, "dtype", "float32"), batch))
     table = bench.summary(rows, systems)
     if not args.no_roofline and not gpu:  # the roofline measures this CPU
         from ..runtime import roofline

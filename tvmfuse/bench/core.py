@@ -218,11 +218,11 @@ def _as_numpy(out):
     return np.asarray(out)
 
 
-def _load(name, size):
-    """A zoo workload, a real model or a model file (tvmfuse.load)."""
+def _load(name, size, batch=1):
+    """A zoo workload, a real model (`batch` deep) or a model file (tvmfuse.load)."""
     from ..loader import load
 
-    return load(name, size)
+    return load(name, size, batch) if batch != 1 else load(name, size)
 
 
 def _time(call, budget_s):
@@ -259,15 +259,16 @@ def _sampler(target, arch, budget_s):
 
 
 def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2, target="llvm", logs=None,
-                     arch="sm_90", dtype=F32):
+                     arch="sm_90", dtype=F32, batch=1):
     """One Row for workload `name`: every system built, checked against the reference, then timed in
     `rounds` interleaved rounds (order rotated each round); ms is the median over all samples.
     target "cuda" (compiled for `arch`) needs a GPU; bench_gpu.no_gpu_reason() says whether.
     dtype "float16"/"bfloat16": the TVM systems built in it, torch run in it, the numerics held to
-    cast_to_half.HALF_TOLERANCE against the float32 reference."""
+    cast_to_half.HALF_TOLERANCE against the float32 reference. batch: a real model's batch (the
+    row's workload is then "NAME (batch N)")."""
     install_once()  # TVM's pool sized before any system runs; runtime_threads() agrees with it
     t0 = time.perf_counter()
-    w = _load(name, size)
+    w = _load(name, size, batch)
     import_s = time.perf_counter() - t0
     t = resolve(target, arch=arch)
     if is_gpu(t):
@@ -282,8 +283,8 @@ def measure_workload(name, size="bench", systems=SYSTEMS, rounds=7, budget_s=0.2
 
         scale = max(float(np.abs(r).max()) for r in (ref if isinstance(ref, tuple) else (ref,)))
         rtol, atol = HALF_TOLERANCE[dtype], HALF_TOLERANCE[dtype] * scale
-    row = Row(name, skipped=skipped, compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s},
-              build_s={s: r.build_s for s, r in calls.items() if r.build_s},
+    row = Row(name if batch == 1 else f"{name} (batch {batch})", skipped=skipped,
+              compile_s={s: r.compile_s for s, r in calls.items() if r.compile_s}, build_s={s: r.build_s for s, r in calls.items() if r.build_s},
               memory_bound=w.memory_bound, reduction_heavy=w.reduction_heavy)
     if not w.zoo:
         row.import_s, row.flops = import_s, w.flops

@@ -13,7 +13,8 @@ onnxruntime for the ONNX one), tolerances, and `eager(*inputs)` for timing PyTor
   bert-tiny-onnx  bert-tiny exported with torch.onnx.export(dynamo=False), imported with from_onnx,
                   checked against onnxruntime
 
-Full-size models, the configs' defaults (random weights, eager attention, batch 1):
+Full-size models, the configs' defaults (random weights, eager attention; batch 1 unless
+`get(name, size, batch)` asks for more):
   bert-base       transformers BertModel(BertConfig()): hidden 768, 12 layers, 12 heads, vocab 30522
   gpt2-small      transformers GPT2LMHeadModel(GPT2Config(use_cache=False)): n_embd 768, 12 layers,
                   12 heads, the LM head onto the 50257-word vocabulary
@@ -201,8 +202,8 @@ def _image_classifier(kind, **config):
     return _trained_like(net.eval())
 
 
-def _ids(size, vocab=VOCAB):
-    return np.random.default_rng(0).integers(0, vocab, size=(1, SEQ[size])).astype("int64")
+def _ids(size, vocab=VOCAB, batch=1):
+    return np.random.default_rng(0).integers(0, vocab, size=(batch, SEQ[size])).astype("int64")
 
 
 def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
@@ -221,38 +222,38 @@ def _torch_model(name, module, arrays, size, rtol=1e-4, atol=1e-4):
                              source="torch.export", module=module)
 
 
-def bert_tiny(size="small"):
-    return _torch_model("bert-tiny", _bert_module(), [_ids(size)], size)
+def bert_tiny(size="small", batch=1):
+    return _torch_model("bert-tiny", _bert_module(), [_ids(size, batch=batch)], size)
 
 
-def gpt2_tiny(size="small"):
-    return _torch_model("gpt2-tiny", _gpt2_module(), [_ids(size)], size)
+def gpt2_tiny(size="small", batch=1):
+    return _torch_model("gpt2-tiny", _gpt2_module(), [_ids(size, batch=batch)], size)
 
 
-def resnet_tiny(size="small"):
-    x = np.random.default_rng(0).standard_normal((1, 3, IMAGE[size], IMAGE[size])).astype("float32")
+def resnet_tiny(size="small", batch=1):
+    x = np.random.default_rng(0).standard_normal((batch, 3, IMAGE[size], IMAGE[size])).astype("float32")
     return _torch_model("resnet-tiny", _resnet_module(), [x], size)
 
 
-def llama_tiny(size="small"):
-    return _torch_model("llama-tiny", _llama_module(), [_ids(size)], size)
+def llama_tiny(size="small", batch=1):
+    return _torch_model("llama-tiny", _llama_module(), [_ids(size, batch=batch)], size)
 
 
-def bert_base(size="bench"):
+def bert_base(size="bench", batch=1):
     from transformers import BertConfig
 
     module = _bert_module(BertConfig(attn_implementation="eager"))
-    return _torch_model("bert-base", module, [_ids(size, 30522)], size, rtol=1e-3, atol=1e-3)
+    return _torch_model("bert-base", module, [_ids(size, 30522, batch)], size, rtol=1e-3, atol=1e-3)
 
 
-def gpt2_small(size="bench"):
+def gpt2_small(size="bench", batch=1):
     from transformers import GPT2Config
 
     module = _gpt2_module(GPT2Config(use_cache=False, attn_implementation="eager"))
-    return _torch_model("gpt2-small", module, [_ids(size, 50257)], size, rtol=1e-3, atol=1e-3)
+    return _torch_model("gpt2-small", module, [_ids(size, 50257, batch)], size, rtol=1e-3, atol=1e-3)
 
 
-def smollm_135m(size="bench"):
+def smollm_135m(size="bench", batch=1):
     """SmolLM-135M's architecture (HuggingFaceTB/SmolLM-135M's config.json, random weights): a Llama
     with grouped-query attention (9 query heads share 3 key/value heads), rotary position
     embeddings, RMSNorm, a SiLU-gated MLP and the LM head tied to the 49152-word embedding."""
@@ -261,32 +262,32 @@ def smollm_135m(size="bench"):
     cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=2048, rms_norm_eps=1e-5,
                       rope_theta=10000.0, tie_word_embeddings=True, use_cache=False, attn_implementation="eager")
-    return _torch_model("smollm-135m", _llama_module(cfg), [_ids(size, 49152)], size, rtol=1e-3, atol=1e-3)
+    return _torch_model("smollm-135m", _llama_module(cfg), [_ids(size, 49152, batch)], size, rtol=1e-3, atol=1e-3)
 
 
-def _image(size):
+def _image(size, batch=1):
     n = FULL_IMAGE[size]
-    return np.random.default_rng(0).standard_normal((1, 3, n, n)).astype("float32")
+    return np.random.default_rng(0).standard_normal((batch, 3, n, n)).astype("float32")
 
 
-def resnet50(size="bench"):
-    return _torch_model("resnet50", _image_classifier("ResNet"), [_image(size)], size, rtol=1e-3, atol=1e-3)
+def resnet50(size="bench", batch=1):
+    return _torch_model("resnet50", _image_classifier("ResNet"), [_image(size, batch)], size, rtol=1e-3, atol=1e-3)
 
 
-def mobilenet_v2(size="bench"):
-    return _torch_model("mobilenet-v2", _image_classifier("MobileNetV2"), [_image(size)], size, rtol=1e-3,
+def mobilenet_v2(size="bench", batch=1):
+    return _torch_model("mobilenet-v2", _image_classifier("MobileNetV2"), [_image(size, batch)], size, rtol=1e-3,
                         atol=1e-3)
 
 
-def convnext_tiny(size="bench"):
-    return _torch_model("convnext-tiny", _image_classifier("ConvNext"), [_image(size)], size, rtol=1e-3,
+def convnext_tiny(size="bench", batch=1):
+    return _torch_model("convnext-tiny", _image_classifier("ConvNext"), [_image(size, batch)], size, rtol=1e-3,
                         atol=1e-3)
 
 
-def vit_base(size="bench"):
+def vit_base(size="bench", batch=1):
     n = FULL_IMAGE[size]  # the patch grid follows the image: 14 x 14 patches + [CLS] = 197 tokens at 224
     module = _image_classifier("ViT", image_size=n, attn_implementation="eager")
-    return _torch_model("vit-base", module, [_image(size)], size, rtol=1e-3, atol=1e-3)
+    return _torch_model("vit-base", module, [_image(size, batch)], size, rtol=1e-3, atol=1e-3)
 
 
 def export_onnx(module, arrays, names) -> bytes:
@@ -302,11 +303,11 @@ def export_onnx(module, arrays, names) -> bytes:
     return buf.getvalue()
 
 
-def bert_tiny_onnx(size="small"):
+def bert_tiny_onnx(size="small", batch=1):
     import onnx
     import onnxruntime as ort
 
-    module, arrays = _bert_module(), [_ids(size)]
+    module, arrays = _bert_module(), [_ids(size, batch=batch)]
     blob = export_onnx(module, arrays, ["input_ids"])
     mod = from_onnx(onnx.load_from_string(blob))
     sess = ort.InferenceSession(blob, providers=["CPUExecutionProvider"])
@@ -336,9 +337,12 @@ def names() -> list[str]:
     return list(MODELS)
 
 
-def get(name: str, size: str = "small") -> Workload:
+def get(name: str, size: str = "small", batch: int = 1) -> Workload:
+    """Model `name` at `size`, its inputs `batch` deep (the batch is a static dimension of the import)."""
     if name not in MODELS:
         raise UnknownWorkloadError(f"unknown model {name!r}; known models: {', '.join(MODELS)}")
     if size not in SEQ:
         raise UnknownWorkloadError(f"unknown size {size!r} for model {name!r}; use one of {tuple(SEQ)}")
-    return MODELS[name](size)
+    if not isinstance(batch, int) or batch < 1:
+        raise UnknownWorkloadError(f"batch {batch!r} for model {name!r}: use a whole number of 1 or more")
+    return MODELS[name](size, batch)
