@@ -44,7 +44,7 @@ sys.path.insert(0, HERE)  # its siblings: gpu_reference.py (inputs, references, 
 from gpu_reference import (attention_reference, compare, inputs_digest, load_torch_forms,  # noqa: E402,F401
                            make_inputs, torch_peers, zoo_reference)
 from gpu_report import _numerics, not_run, write_run  # noqa: E402
-from gpu_env import Flush, device_facts, import_torch, setup_runtime, time_flushed  # noqa: E402,F401
+from gpu_env import Flush, device_facts, import_torch, setup_runtime, time_events, time_flushed  # noqa: E402,F401
 NO_GPU_EXIT = 3
 PEER_NAMES = ("torch", "torch eager", "torch sdpa fp32", "torch sdpa fp16 flash")  # do not fail the run
 
@@ -200,13 +200,17 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
     if budget_left() <= 0:
         row["skipped"]["timing"] = "the run's --max-seconds was spent"
         return row
-    samples = {n: [] for n in ready}
+    samples, on_device = {n: [] for n in ready}, {n: [] for n in ready}
+    events = tdev == "cuda" and torch is not None and torch.cuda.is_available()
     order = list(ready)
     for i in range(args.rounds):
         for n in order[i % len(order):] + order[: i % len(order)]:
             call, sync = ready[n]
             try:
-                samples[n] += time_flushed(call, sync, flush, args.budget)
+                got = time_flushed(call, sync, flush, args.budget)
+                samples[n] += got
+                if events:  # as many calls again on the device clock
+                    on_device[n] += time_events(call, flush, torch, len(got))
             except Exception as err:  # noqa: BLE001
                 row["errors"][n] = f"timing: {type(err).__name__}: {str(err)[:300]}"
                 ready.pop(n)
@@ -217,6 +221,9 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
             row["systems"][n]["ms"] = statistics.median(v) * 1e3
             row["systems"][n]["p10_ms"] = sorted(v)[len(v) // 10] * 1e3
             row["systems"][n]["samples"] = len(v)
+            if on_device.get(n):
+                row["systems"][n]["device_ms"] = statistics.median(on_device[n]) * 1e3
+                row["systems"][n]["launch_overhead_ms"] = row["systems"][n]["ms"] - row["systems"][n]["device_ms"]
     return row
 
 

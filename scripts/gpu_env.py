@@ -140,6 +140,23 @@ class Flush:
             self.buf.fill(1)
 
 
+def time_events(call, flush, torch, n: int) -> list:
+    """Seconds of n single calls on the GPU's own clock: flush(), then torch.cuda.Event records
+    around call() on the current stream (TVM's and torch's kernels both go to the default stream),
+    read after the end event completes. The host's dispatch before the first kernel is outside the
+    clock; the launch overhead of a system is its host-clock median minus this one."""
+    out = []
+    for _ in range(n):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e-3)
+    return out
+
+
 def import_torch(no_torch: bool):
     """torch for the references and peers, or None (--no-torch, or not installed)."""
     if no_torch:

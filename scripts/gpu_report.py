@@ -47,6 +47,17 @@ def tables(rows) -> str:
                          + f" | {gf} | {_ratio(r, 'tvmfuse', 'torch sdpa fp32')} | "
                          f"{_ratio(r, 'tvmfuse', 'tvmfuse-unfused')} | {_ratio(r, 'tvmfuse', 'tvm')} | {launches} | "
                          f"{_numerics(r)} |")
+    clocked = [r for r in rows if any("device_ms" in sy for sy in r["systems"].values())]
+    if clocked:
+        names = sorted({n for r in clocked for n, sy in r["systems"].items() if "device_ms" in sy})
+        lines += ["", "Device clock (CUDA events around each call, after the same flush): median ms, and in brackets "
+                  "the launch overhead (host-clock median minus device-clock median)", "",
+                  "| case | " + " | ".join(f"{n} device ms" for n in names) + " |", "|" + "---|" * (len(names) + 1)]
+        for r in clocked:
+            case = r["workload"] if not r["attention"] else f"attention {r['attention']['seq']} {r['attention']['mask'] or ''}"
+            cells = [f"{sy['device_ms']:.4f} (+{sy['launch_overhead_ms']:.4f})" if "device_ms" in sy else "-"
+                     for sy in (r["systems"].get(n, {}) for n in names)]
+            lines.append(f"| {case.strip()} | " + " | ".join(cells) + " |")
     for r in rows:  # a model's profile: its costliest kernel functions per system
         for name, sy in r["systems"].items():
             prof = sy.get("profile_ms")

@@ -150,3 +150,37 @@ def test_isolated_groups_survive_a_crashing_one(cases, tmp_path):
     others = [r for g, r in groups.items() if g != "softmax_chain"]
     assert others and all(not r["errors"] and all(s["ok"] for s in r["systems"].values()) for r in others)
     assert p.returncode == 1 and "each group in its own process" in res["timing"]
+
+
+def test_the_run_side_device_clock_times_each_flushed_call_between_events():
+    """time_events (scripts/gpu_env.py) with a stand-in for torch.cuda: a flush before each call, the
+    call between the start and end events, their elapsed time (ms) returned in seconds; the report
+    shows the device clock with the launch overhead."""
+    import gpu_env
+    import gpu_report
+    from types import SimpleNamespace
+
+    log = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.t = None
+
+        def record(self):
+            log.append("record")
+            self.t = len(log)
+
+        def synchronize(self):
+            log.append("sync")
+
+        def elapsed_time(self, end):
+            return 2.0  # ms
+
+    torch = SimpleNamespace(cuda=SimpleNamespace(Event=Event))
+    got = gpu_env.time_events(lambda: log.append("call"), lambda: log.append("flush"), torch, 2)
+    assert got == [0.002, 0.002]
+    assert log == ["flush", "record", "call", "record", "sync"] * 2
+    row = {"workload": "mlp_block", "attention": None, "errors": {}, "skipped": {},
+           "systems": {"tvmfuse": {"ms": 0.05, "device_ms": 0.03, "launch_overhead_ms": 0.02, "ok": True,
+                                   "check": {"ok": True, "max_rel": 0.0}}}}
+    assert "| mlp_block | 0.0300 (+0.0200) |" in gpu_report.tables([row])
