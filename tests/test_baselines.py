@@ -98,3 +98,26 @@ def test_vanilla_tvm_for_cuda_is_tvms_default_gpu_pipeline():
     c = build_vanilla(workloads.get("softmax_chain").mod, "cuda")
     assert c.kernels_per_func() == {"fused_add_relu": 1, "fused_softmax_multiply": 1}
     assert c.launches == 2 and c.host_fallbacks() == []
+
+
+def test_a_model_past_protobufs_limit_is_exported_to_a_file_with_external_weights():
+    """BLOOM-560m's 2.2 GB do not fit one protobuf message: _export_onnx writes such a model to a
+    file with its weights beside it, and both the importer and ONNX Runtime read it from there.
+    Forced here (to_file=True) on a small module; the size rule is checked on its own."""
+    import os
+
+    import torch
+
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    x = np.random.default_rng(0).standard_normal((2, 8)).astype("float32")
+    path, why = baselines._export_onnx(m, [x], to_file=True)
+    assert isinstance(path, str) and os.path.exists(path), why
+    model = baselines.load_exported(path)
+    assert [i.name for i in model.graph.input] == ["input_0"]
+    with torch.no_grad():
+        ref = m(torch.from_numpy(x)).numpy()
+    got = baselines._ort_session(path, 1).run(None, {"input_0": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    blob, _ = baselines._export_onnx(m, [x])  # small: in memory
+    assert isinstance(blob, bytes)

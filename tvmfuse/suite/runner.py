@@ -105,15 +105,13 @@ def compare(out, ref, size) -> float:
 
 
 def _import_onnx(module, arrays):
-    import onnx
-
-    from ..bench.baselines import _export_onnx
+    from ..bench.baselines import _export_onnx, load_exported
     from ..frontends.from_onnx import from_onnx
 
     blob, why = _export_onnx(module, arrays)
     if blob is None:
         raise RuntimeError(why)
-    return from_onnx(onnx.load_from_string(blob))
+    return from_onnx(load_exported(blob))
 
 
 def _loaded(name, mod, arrays, module, ref):
