@@ -97,3 +97,16 @@ def test_slower_than_stock_is_judged_against_the_runs_own_noise():
                            "machine": _result([])["machine"]})
     assert "beyond noise (per-round ratio's lower quartile above 1): slow." in md
     assert "| 1.020 [0.990, 1.040] |" in md
+
+
+def test_numerics_atol_follows_the_outputs_scale():
+    import numpy as np
+
+    from tvmfuse.suite.runner import compare
+
+    ref = np.array([1000.0, 0.5], "float32")
+    assert compare(ref + np.array([0.0, 2e-3], "float32"), ref, "full") == pytest.approx(2e-3, rel=1e-3)
+    with pytest.raises(AssertionError, match="output scale 1000"):
+        compare(ref + np.array([0.0, 2.0], "float32"), ref, "full")  # 2e-3 of the scale: beyond reassociation
+    with pytest.raises(AssertionError):
+        compare(np.array([1.0, 0.5 + 3e-3], "float32"), np.array([1.0, 0.5], "float32"), "full")  # order-1 output
