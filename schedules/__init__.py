@@ -33,6 +33,15 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
             if str(key).startswith("tvmfuse.") and not (sched.attrs and key in sched.attrs):  # ...) stays
                 sched = sched.with_attr(key, value)  # on a kernel a rule wrote anew
         out[gv] = sched.with_attr("tirx.is_scheduled", True).with_attr("tvmfuse.rule", rule)
+    if not gpu:  # a kernel too small for a parallel launch runs serially (cpu/small_kernels.py)
+        from tvmfuse.target import runtime_threads
+
+        from .cpu.small_kernels import serial_when_small
+
+        threads = runtime_threads()
+        for gv, func in list(out.functions_items()):
+            if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and func.attrs.get("tvmfuse.rule"):
+                out[gv] = serial_when_small(func, threads)
     if gpu:  # every kernel, tuned ones too: no vector loads of bool, no stage left on the host
         for gv, func in list(out.functions_items()):
             if isinstance(func, tvm.tirx.PrimFunc) and func.attrs and func.attrs.get("tirx.is_scheduled"):

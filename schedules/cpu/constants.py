@@ -8,6 +8,10 @@ from __future__ import annotations
 COMMON = {
     "max_vector_lanes": 16,
     "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
+    # a kernel whose stores (every loop counted, lanes and reduction updates included) number under
+    # this many per runtime thread runs serially: a parallel launch wakes and joins the pool's
+    # workers, which costs more than splitting such work saves (cpu/small_kernels.py)
+    "min_parallel_work": 4096,
     "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
     "reduction_accumulators": 4,  # ... reduced into this many vector registers each (one would chain every add)
