@@ -415,3 +415,27 @@ def test_cycle_check_follows_a_path_that_enters_a_group_late_and_leaves_early():
     p = plan(*graph(enter_late_leave_early), knobs())
     gof = {i: min(m) for m in map(set, p.groups) for i in m}
     plan_fusion.group_order(p.graph, gof, {min(m): set(m) for m in p.groups})
+
+
+def saved_transpose(bb, x, w, b):  # a Linear's forward in training: Wᵀ feeds the matmul AND is saved
+    wt = bb.emit(relax.op.permute_dims(w))  # (32, 16)
+    y = bb.emit(relax.op.matmul(x, relax.op.permute_dims(wt)))
+    return relax.Tuple([bb.emit(relax.op.add(y, b)), wt])
+
+
+def test_a_prologue_used_outside_the_group_stays_a_kernel_of_its_own():
+    """AOTAutograd's forward returns a Linear's transposed weight for the backward graph: fused in
+    front of the matmul it would be a second output written from the matmul's operand side, which
+    no matmul rule stores (the group took cpu.Fallback). Must not fire: the same transpose with no
+    other user fuses (test_plan_matmul_bias_relu_epilogue_is_one_group's kind of prologue)."""
+    p = plan(*graph(saved_transpose), knobs())
+    assert [0] in p.groups and any(set(grp) >= {2, 3} and 0 not in grp for grp in p.groups)
+    reasons = [refusal(r)[4] for r in p.refused]
+    assert any("used outside the group" in why for why in reasons)
+    p2 = plan(*graph(transpose_prologue), knobs())
+    assert any(0 in grp and 1 in grp for grp in p2.groups)  # the transpose with one user: fused
+
+
+def transpose_prologue(bb, x, w, b):  # xᵀ read in place by the matmul: the prologue that must stay
+    xt = bb.emit(relax.op.permute_dims(relax.op.permute_dims(x)))
+    return relax.op.matmul(xt, w)

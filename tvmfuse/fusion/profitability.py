@@ -12,8 +12,11 @@ the matmul instead of standing as a kernel of its own.
 A transpose that would end up upstream of a compute-heavy op is refused when the knob
 layout_prologue is off (on by default for every target: the matmul reads the tensor as stored). A
 gather (take) upstream of a compute-heavy op is refused on every target (the matmul and conv rules
-pack strided operands, not gathered ones: ViT's CLS-token take took the fallback schedule). `knobs`
-is every knob's value (Knobs.as_dict()): no defaults here.
+pack strided operands, not gathered ones: ViT's CLS-token take took the fallback schedule). A
+producer fused in front of a compute-heavy op must not be used outside the merged group as well
+(AOTAutograd saves a Linear's transposed weight for the backward graph): it would be a second
+output written from the operand side of the matmul, which the matmul rules do not store, so the
+group took the fallback schedule. `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
@@ -64,6 +67,13 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
             n = transposed[0]
             return None, (f"{n.name} ({n.op}) would be read transposed inside compute-heavy {anchor} "
                           "(layout_prologue=False: this target's matmul is faster on its own layout)")
+    escaping = [g.by_idx[i] for i in upstream if g.external_uses[i] or g.users[i] - merged]
+    if escaping:
+        anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
+        n = escaping[0]
+        return None, (f"{n.name} ({n.op}) feeds compute-heavy {anchor} and is used outside the group too "
+                      "(a transposed weight a backward graph saves): it would be a second output, written "
+                      "from inside the matmul's operand packing, which no matmul rule does")
     for src, dst in ((a, b), (b, a)):
         for p in src:
             crossing = g.users[p] & dst
