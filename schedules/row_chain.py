@@ -143,19 +143,34 @@ def _same_count(a, b) -> bool:
     return bool(Analyzer().can_prove_equal(a, b))
 
 
-def join_row(sch, blocks, row) -> bool:
+def join_row(sch, blocks, row, rows: int = 0):
     """Move every stage after the first into the first stage's row loop `row`, in program order
     (reverse_compute_at), and check that each stage still runs each of its iterations exactly
     once. reverse_compute_at sizes a stage by what its in-row producers wrote: a stage that also
     reads only inputs (the x half of concat(x, max(x))) would shrink to the produced part, and one
-    with no in-row producer (a sibling tanh(x)) would run whole in every row. Either returns
-    False, as does a join TVM refuses (a pooling window's strided read of a padding stage:
-    ValueError "TensorRegion pattern match failed"), and the rule declines; `sch` is then
-    partly changed, and the rule drops it."""
+    with no in-row producer (a sibling tanh(x)) would run whole in every row. With `rows` (the
+    number of leading row loops every block has), a stage with no in-row producer (a layer norm's
+    second mean, x_hat from a saved mean and rstd in its backward) has its own row loops merged
+    with `row` instead, running first in the row. Returns the row loop (a new one after a merge),
+    or None, as for a join TVM refuses (a pooling window's strided read of a padding stage:
+    ValueError "TensorRegion pattern match failed"), and the rule declines; `sch` is then partly
+    changed, and the rule drops it."""
     want = {b: _iterations(sch, b) for b in blocks}
+    joined = [blocks[0]]
     for b in blocks[1:]:
         try:
-            sch.reverse_compute_at(b, row, preserve_unit_loops=True)
+            if rows and not _has_producer_in(sch, b, joined):
+                lead = sch.get_loops(b)[:rows]
+                own = sch.fuse(*lead) if len(lead) > 1 else lead[0]
+                row = sch.merge(own, row)  # the merged loop stands where `row` stood
+            else:
+                sch.reverse_compute_at(b, row, preserve_unit_loops=True)
         except (ScheduleError, ValueError):  # TVM reports a region it cannot map as a ValueError
-            return False
-    return all(_same_count(_loop_trips(sch, b), want[b]) for b in blocks)
+            return None
+        joined.append(b)
+    return row if all(_same_count(_loop_trips(sch, b), want[b]) for b in blocks) else None
+
+
+def _has_producer_in(sch, block_rv, blocks) -> bool:
+    stmts = [sch.get(b) for b in blocks]
+    return any(any(sch.get(p).same_as(s) for s in stmts) for p in sch.get_producers(block_rv))

@@ -528,3 +528,33 @@ def test_topis_own_parallel_scan_is_kept_as_written_and_a_serial_loop_is_not(cap
     a = te.placeholder((8,), "float32", name="a")
     serial = te.create_prim_func([a, te.compute((8,), lambda i: a[i] + 1.0, name="b")])  # loops all serial
     assert AsWritten().apply(serial, tvm.target.Target("llvm")) is None
+
+
+def _layer_norm_saving_stats(rows, width):
+    """A training forward's layer norm: the output and the mean and rstd the backward reads."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, width), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mean = bb.emit(relax.op.mean(x, axis=[1], keepdims=True))
+            var = bb.emit(relax.op.variance(x, axis=[1], keepdims=True))
+            rstd = bb.emit(relax.op.rsqrt(bb.emit(relax.op.add(var, relax.const(1e-5, "float32")))))
+            y = bb.emit(relax.op.multiply(bb.emit(relax.op.subtract(x, mean)), rstd))
+            out = bb.emit_output(relax.Tuple([y, mean, rstd]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("rows,width", [(8, 32), (512, 256)])
+def test_a_layer_norm_saving_its_statistics_takes_the_row_rule(rows, width):
+    """Its second mean (variance's own) has no producer in the row: joined by merging its row loop
+    into the row (row_chain.join_row), not left to cpu.Fallback's serial reductions."""
+    c = tvmfuse.build(_layer_norm_saving_stats(rows, width), "llvm", "tvmfuse")
+    assert c.launches == 1 and set(_rules(c).values()) == {"cpu.RowReduction"}
+    x = np.random.default_rng(0).standard_normal((rows, width)).astype("float32") * 3 + 1
+    y, mean, rstd = (np.asarray(o) for o in c(x))
+    x64 = x.astype("float64")
+    m, v = x64.mean(1, keepdims=True), x64.var(1, keepdims=True)
+    np.testing.assert_allclose(mean, m, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rstd, 1 / np.sqrt(v + 1e-5), rtol=1e-5)
+    np.testing.assert_allclose(y, (x64 - m) / np.sqrt(v + 1e-5), rtol=1e-4, atol=1e-5)

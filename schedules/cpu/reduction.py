@@ -43,7 +43,8 @@ class RowReduction(ScheduleRule):
             order.append(b)
         lead = sch.get_loops(order[0])[: chain.rows]
         row = sch.fuse(*lead) if len(lead) > 1 else lead[0]
-        if not row_chain.join_row(sch, order, row):  # program order: each stage's producers are in the row
+        row = row_chain.join_row(sch, order, row, chain.rows)  # program order: each stage's producers in the row
+        if row is None:
             return None
         sch.parallel(row)
         for k, b in enumerate(order):
@@ -116,10 +117,14 @@ def _vectorize_partials(sch, rf, row, moved) -> bool:
     Put ki innermost, hoist the init out of ko, vectorize both. False (the rule declines) for any
     other loop nest."""
     inner = [lp for lp in _loops_below(sch, rf, row) if extent(sch, lp) != 1]
+    if len(inner) != 2:
+        return False
     ki, ko = (inner[0], inner[-1]) if moved else (inner[-1], inner[0])
     lanes_rf = int(sch.get(rf).iter_vars[0].dom.extent)
-    if len(inner) != 2 or extent(sch, ki) != lanes_rf:
-        return False
+    if extent(sch, ki) != lanes_rf:  # a sibling merged into the row (row_chain.join_row) kept (ko, ki)
+        ki, ko = ko, ki
+        if extent(sch, ki) != lanes_rf:
+            return False
     sch.reorder(ko, ki)
     sch.vectorize(ki)
     return True

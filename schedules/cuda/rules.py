@@ -158,7 +158,7 @@ class RowReduction(ScheduleRule):
             loops = sch.get_loops(first)
             row = sch.add_unit_loop(loops[0] if loops else first)  # above the stage's loops
         sch.bind(row, "blockIdx.x")
-        if not row_chain.join_row(sch, chain.blocks, row):
+        if row_chain.join_row(sch, chain.blocks, row) is None:
             return None
         for b in chain.blocks:
             _bind_inner(sch, b, row, threads)
