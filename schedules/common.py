@@ -201,7 +201,7 @@ def schedule_reduction(sch, info):
     if kinds[: len(lead)] != "S" * len(lead) or not lead:
         return  # spatial loops not leading: leave it serial rather than reorder the math
     reds = loops[len(lead):]
-    inner = lead[-1] if len(lead) >= 2 and reds else None
+    inner = lead[-1] if reds and (len(lead) >= 2 or _column_reduction(sch, info.block_rv, lead[-1])) else None
     n = extent(sch, inner) if inner is not None else None
     bits = block_bits(sch, info.block_rv)
     v = lanes(bits)
@@ -212,6 +212,8 @@ def schedule_reduction(sch, info):
         v = w
     # else a row that is no multiple of half a vector is one vector only up to 4 ymm registers:
     # wider (56 lanes of 16) made LLVM spill 100 vectors (max pool on AVX-512)
+    if len(lead) == 1 and n and not (n % v == 0 and n > v):
+        inner = n = None  # one spatial loop: vectorized only when vector chunks of it can run in parallel
     if n and n >= v and (n % v == 0 or n * bits <= 4 * 256):
         outer = lead[:-1]
         if n % v == 0 and n > v:
@@ -227,6 +229,19 @@ def schedule_reduction(sch, info):
     if inner is not None:
         sch.vectorize(inner)
         sch.decompose_reduction(info.block_rv, reds[0])
+
+
+def _column_reduction(sch, block_rv, loop) -> bool:
+    """Whether `loop` (a block's only spatial loop) walks the innermost index of every buffer the
+    block reads: a sum over rows (a bias gradient, sum(x, axis=0)), whose columns are contiguous and
+    take vector lanes, each lane summing its own column."""
+    block = sch.get(block_rv)
+    var = next((iv.var for iv in block.iter_vars if int(iv.iter_type) == 0), None)
+    if var is None or not block.reads:
+        return False
+    from .row_chain import vars_in
+
+    return all(r.region and var.name in vars_in(r.region[-1].min) for r in block.reads)
 
 
 def pack_at_build_time(sch, block_rv) -> bool:
