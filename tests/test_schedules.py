@@ -583,3 +583,22 @@ def test_sibling_column_sums_are_vectorized_across_columns():
     db, dw = (np.asarray(o) for o in c(a, b))
     np.testing.assert_allclose(db, a.astype("float64").sum(0), rtol=1e-4, atol=1e-4)
     np.testing.assert_allclose(dw, (a.astype("float64") * b).sum(0), rtol=1e-4, atol=1e-4)
+
+
+def test_a_layer_norm_op_takes_the_row_rule():
+    """Must not fire: the strided-column decline. Its variance reads the row's mean, a read indexed
+    by the row alone (a broadcast), not a column walked across rows."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 128, 768), "float32"))
+    g, b = (relax.Var(n, relax.TensorType((768,), "float32")) for n in ("g", "b"))
+    with bb.function("main", [x, g, b]):
+        with bb.dataflow():
+            y = bb.emit_output(relax.op.nn.layer_norm(x, g, b, axes=[-1]))
+        bb.emit_func_output(y)
+    c = tvmfuse.build(bb.get(), "llvm", "tvmfuse")
+    assert set(_rules(c).values()) == {"cpu.RowReduction"}
+    rng = np.random.default_rng(0)
+    xs, gs, bs = rng.standard_normal((1, 128, 768)).astype("float32"), rng.random(768, "float32"), rng.random(768, "float32")
+    x64 = xs.astype("float64")
+    ref = (x64 - x64.mean(-1, keepdims=True)) / np.sqrt(x64.var(-1, keepdims=True) + 1e-5) * gs + bs
+    np.testing.assert_allclose(np.asarray(c(xs, gs, bs)), ref, rtol=1e-4, atol=1e-4)
