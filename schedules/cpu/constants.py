@@ -10,8 +10,11 @@ COMMON = {
     "min_parallel_extent": 2,  # parallelise a loop only when it has at least this many iterations
     # a kernel whose stores (every loop counted, lanes and reduction updates included) number under
     # this many per runtime thread runs serially: a parallel launch wakes and joins the pool's
-    # workers, which costs more than splitting such work saves (cpu/small_kernels.py)
-    "min_parallel_work": 4096,
+    # workers, which costs more than splitting such work saves (cpu/small_kernels.py). znver4, 2
+    # threads, y = 2x + 1 over n floats: a parallel launch costs 6.3 us back to back (21 us after
+    # 2 ms idle) and serial runs 0.085 ns a store; serial won up to 131072 stores (11.2 against
+    # 19.2 us). 16384 a thread keeps heavier stores (exp, a matmul's multiply-add) parallel sooner.
+    "min_parallel_work": 16384,
     "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
     "reduction_accumulators": 4,  # ... reduced into this many vector registers each (one would chain every add)
