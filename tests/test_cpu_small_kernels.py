@@ -56,3 +56,14 @@ def test_serial_small_kernels_compute_the_same():
     out = tvm.runtime.empty((8, 64), "float32", tvm.cpu())
     ex["main"](tvm.runtime.tensor(a), out)
     np.testing.assert_allclose(out.numpy(), a * 2 + 1, rtol=1e-6)
+
+
+def test_the_launch_cost_script_times_both_forms():
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts"))
+    import parallel_launch
+
+    (row,) = parallel_launch.measure(sizes=(2048,))
+    assert row["n"] == 2048 and all(row[k] > 0 for k in row if k.endswith("us"))
