@@ -26,7 +26,10 @@ def load_portable():
     return mod
 
 
-time_flushed = load_portable().time_flushed  # the same timing loop as the benchmark's (bench_gpu)
+_PORTABLE = load_portable()
+time_flushed = _PORTABLE.time_flushed  # the same timing loop as the benchmark's (bench_gpu)
+time_events = _PORTABLE.time_events  # ... and the same device clock (bench/gpu_clock.py)
+
 
 # ---------------------------------------------------------------- environment
 def setup_runtime(bundle: str, device: str) -> dict:
@@ -138,23 +141,6 @@ class Flush:
             self.torch.cuda.synchronize()
         else:
             self.buf.fill(1)
-
-
-def time_events(call, flush, torch, n: int) -> list:
-    """Seconds of n single calls on the GPU's own clock: flush(), then torch.cuda.Event records
-    around call() on the current stream (TVM's and torch's kernels both go to the default stream),
-    read after the end event completes. The host's dispatch before the first kernel is outside the
-    clock; the launch overhead of a system is its host-clock median minus this one."""
-    out = []
-    for _ in range(n):
-        flush()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        call()
-        end.record()
-        end.synchronize()
-        out.append(start.elapsed_time(end) * 1e-3)
-    return out
 
 
 def import_torch(no_torch: bool):

@@ -61,16 +61,6 @@ def torch_device_timer(call: Callable[[], None], flush: Callable[[], None]):
     """n -> [seconds of n single calls of call(), each after flush(), between two CUDA events]."""
     import torch
 
-    def timed(n: int) -> list[float]:
-        out = []
-        for _ in range(n):
-            flush()
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            call()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end) * 1e-3)
-        return out
+    from .gpu_portable import time_events
 
-    return timed
+    return lambda n: time_events(call, flush, torch, n)

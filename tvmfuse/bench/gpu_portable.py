@@ -34,3 +34,21 @@ def time_flushed(call, sync, flush, budget_s: float) -> list[float]:
         sync()
         samples.append(time.perf_counter() - t0)
     return samples
+
+
+def time_events(call, flush, torch, n: int) -> list[float]:
+    """Seconds of n single calls on the GPU's own clock: flush(), then torch.cuda.Event records
+    around call() on the current stream (TVM's and torch's kernels both go to the default stream),
+    read after the end event completes. The host's dispatch before the first kernel is outside the
+    clock; a system's launch overhead is its host-clock median minus this one. `torch` is passed
+    in: this file imports nothing but the standard library and numpy."""
+    out = []
+    for _ in range(n):
+        flush()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e-3)
+    return out
