@@ -9,6 +9,8 @@ i is the i-th binding. Shapes are float32: an (8, 16) tensor is 512 bytes.
 """
 import dataclasses
 
+import numpy as np
+
 import pytest
 from tvm import relax
 
@@ -439,3 +441,16 @@ def test_a_prologue_used_outside_the_group_stays_a_kernel_of_its_own():
 def transpose_prologue(bb, x, w, b):  # xᵀ read in place by the matmul: the prologue that must stay
     xt = bb.emit(relax.op.permute_dims(relax.op.permute_dims(x)))
     return relax.op.matmul(xt, w)
+
+
+def take_epilogue(bb, x, w, b):  # BLOOM's fused QKV split by take after the matmul
+    m = bb.emit(relax.op.matmul(x, w))  # (8, 32)
+    return relax.op.take(m, relax.const(np.array([0, 2, 4, 6], "int64")), axis=1)
+
+
+def test_a_gather_after_a_matmul_is_refused():
+    """BLOOM's QKV: matmul then take. Fused, no matmul rule took the group and cpu.Fallback ran a
+    naive matmul (1007 ms a call against 90); the take stays a kernel of its own."""
+    p = plan(*graph(take_epilogue), knobs())
+    assert p.groups == [[0], [1]]
+    assert any("gathered after compute-heavy" in refusal(r)[4] for r in p.refused)

@@ -11,8 +11,10 @@ stage does once per tile), so a half-precision build's cast of a float32 input f
 the matmul instead of standing as a kernel of its own.
 A transpose that would end up upstream of a compute-heavy op is refused when the knob
 layout_prologue is off (on by default for every target: the matmul reads the tensor as stored). A
-gather (take) upstream of a compute-heavy op is refused on every target (the matmul and conv rules
-pack strided operands, not gathered ones: ViT's CLS-token take took the fallback schedule). A
+gather (take) in a group with a compute-heavy op is refused on every target, upstream or downstream
+(the matmul and conv rules pack strided operands and store whole tiles, not gathered ones: ViT's
+CLS-token take upstream, and BLOOM's QKV split by take after its matmul, took the fallback
+schedule: 1007 ms a call against 90 for the matmul on its own). A
 producer fused in front of a compute-heavy op must not be used outside the merged group as well
 (AOTAutograd saves a Linear's transposed weight for the backward graph): it would be a second
 output written from the operand side of the matmul, which the matmul rules do not store, so the
@@ -54,11 +56,12 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
         n = recomputed[0]
         return None, (f"{n.name} ({n.op}) would be recomputed inside compute-heavy {anchor} "
                       "(allow_recompute=False)")
-    gathered = [g.by_idx[i] for i in upstream if g.by_idx[i].op in GATHERS]
-    if gathered:
-        anchor = next(g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE)
-        return None, (f"{gathered[0].name} ({gathered[0].op}) would be gathered inside compute-heavy {anchor} "
-                      "(the matmul and conv rules pack strided operands, not gathered ones)")
+    anchors = [g.by_idx[i].name for i in merged if g.by_idx[i].cls == COMPUTE]
+    gathered = [g.by_idx[i] for i in merged if g.by_idx[i].op in GATHERS]
+    if gathered and anchors:
+        where = "inside" if any(n.idx in upstream for n in gathered) else "after"
+        return None, (f"{gathered[0].name} ({gathered[0].op}) would be gathered {where} compute-heavy {anchors[0]} "
+                      "(the matmul and conv rules pack strided operands and store whole tiles, not gathered ones)")
     if not knobs["layout_prologue"]:
         transposed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
                       if g.by_idx[i].op in TRANSPOSES]
