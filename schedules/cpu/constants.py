@@ -11,9 +11,10 @@ COMMON = {
     # a kernel whose stores (every loop counted, lanes and reduction updates included) number under
     # this many per runtime thread runs serially: a parallel launch wakes and joins the pool's
     # workers, which costs more than splitting such work saves (cpu/small_kernels.py). znver4, 2
-    # threads, y = 2x + 1 over n floats: a parallel launch costs 6.3 us back to back (21 us after
-    # 2 ms idle) and serial runs 0.085 ns a store; serial won up to 131072 stores (11.2 against
-    # 19.2 us). 16384 a thread keeps heavier stores (exp, a matmul's multiply-add) parallel sooner.
+    # threads, y = 2x + 1 over n floats (scripts/parallel_launch.py, results/cpu/parallel-launch-*):
+    # back to back, parallel wins from 16384 stores (1.6 against 2.0 us); after 2 ms idle the
+    # workers sleep and a parallel call costs 27-53 us, serial winning up to 262144 (32 us). A
+    # compiled graph's first kernel after Python (a training step's) pays the idle cost.
     "min_parallel_work": 16384,
     "vector_math": True,  # float32 exp/erf as TVM's fast_exp/fast_erf (they vectorize; libm expf/erff do not)
     "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
