@@ -200,17 +200,22 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
     if budget_left() <= 0:
         row["skipped"]["timing"] = "the run's --max-seconds was spent"
         return row
-    samples, on_device = {n: [] for n in ready}, {n: [] for n in ready}
-    events = tdev == "cuda" and torch is not None and torch.cuda.is_available()
-    order = list(ready)
+    _time_rounds(row, ready, args, flush, torch if tdev == "cuda" else None)
+    return row
+
+
+def _time_rounds(row, ready, args, flush, torch):
+    """`ready` ({name: (call, sync)}) timed in args.rounds interleaved rounds, on the host clock and
+    (torch on CUDA) the device clock; medians into row["systems"], failures into row["errors"]."""
+    samples, on_device, order = {n: [] for n in ready}, {n: [] for n in ready}, list(ready)
+    events = torch is not None and torch.cuda.is_available()  # the device clock too
     for i in range(args.rounds):
         for n in order[i % len(order):] + order[: i % len(order)]:
             call, sync = ready[n]
             try:
                 got = time_flushed(call, sync, flush, args.budget)
                 samples[n] += got
-                if events:  # as many calls again on the device clock
-                    on_device[n] += time_events(call, flush, torch, len(got))
+                on_device[n] += time_events(call, flush, torch, len(got)) if events else []
             except Exception as err:  # noqa: BLE001
                 row["errors"][n] = f"timing: {type(err).__name__}: {str(err)[:300]}"
                 ready.pop(n)
@@ -219,12 +224,10 @@ def run_group(gname, cases, args, dev, torch, forms, flush, budget_left):
     for n, v in samples.items():
         if v and n in row["systems"]:
             row["systems"][n]["ms"] = statistics.median(v) * 1e3
-            row["systems"][n]["p10_ms"] = sorted(v)[len(v) // 10] * 1e3
-            row["systems"][n]["samples"] = len(v)
-            if on_device.get(n):
-                row["systems"][n]["device_ms"] = statistics.median(on_device[n]) * 1e3
-                row["systems"][n]["launch_overhead_ms"] = row["systems"][n]["ms"] - row["systems"][n]["device_ms"]
-    return row
+            row["systems"][n].update(p10_ms=sorted(v)[len(v) // 10] * 1e3, samples=len(v))
+            if on_device.get(n):  # and the host's share: launch overhead
+                dev_ms = row["systems"][n]["device_ms"] = statistics.median(on_device[n]) * 1e3
+                row["systems"][n]["launch_overhead_ms"] = row["systems"][n]["ms"] - dev_ms
 
 
 def run_isolated(args, argv) -> int:

@@ -41,9 +41,11 @@ def test_tune_cli_rpc_flags_go_together():
 
 def test_nightly_twice_reports_no_regression_and_shows_history(tmp_path):
     args = ["--models", "softmax_decomposed", "--size", "small", "--trials", "0", "--logs", str(tmp_path),
-            "--repeat", "5", "--threshold", "0.5"]
+            "--repeat", "5", "--threshold", "2.0"]
     # one thread: at these 5 us kernels, waking a second pool thread made a run read 2.5x slower
-    # now and then, which the comparison (rightly) calls a regression
+    # now and then, which the comparison (rightly) calls a regression; and even on one thread, a
+    # run beside the other test workers read 6 -> 9.5 us (+65%): the threshold here is loose, the
+    # detection itself is test_nightly_fails_on_a_launch_count_increase's
     one = {"TVM_NUM_THREADS": "1"}
     first = script("nightly.py", *args, env=one)
     assert first.returncode == 0, first.stdout + first.stderr[-2000:]
