@@ -5,8 +5,8 @@
   fold_constants  constants folded; explicit zero pads into the conv's padding; passes/fold_padding.py,
                   BatchNorm and other per-channel affine chains folded into    passes/fold_batch_norm.py
                   conv/matmul weights; constant operands cut to the axes they  shrink_constant_operands.py
-                  vary along; 1x1 convs on small                               passes/conv1x1_matmul.py,
-                  maps as matmuls over pixels, 3x3 stride-1 convs as           passes/winograd.py
+                  vary along; conv1d as im2col + matmul; 1x1 convs on small    passes/conv1d_matmul.py,
+                  maps as matmuls over pixels, 3x3 stride-1 convs as           conv1x1_matmul.py, winograd.py
                   Winograd F(4x4) / F(2x2) (llvm) (every variant alike; the conv
                   rewrites only in float32 builds)
   precision       with a half `dtype` (float16 / bfloat16): constants cast once, passes/cast_to_half.py
@@ -167,11 +167,12 @@ def phase_passes(phase: str, opts: Options) -> list:
     if phase == "fold_constants":
         if t.kind.name != "llvm" or opts.dtype:  # the conv rewrites are float32 transforms
             return constant_passes()
+        from .passes.conv1d_matmul import Conv1dAsMatmul
         from .passes.conv1x1_matmul import conv1x1_as_matmul
         from .passes.winograd import winograd_3x3
 
         table = schedules.targets.cpu_table(t)
-        return constant_passes() + [conv1x1_as_matmul(table), winograd_3x3(table)]
+        return constant_passes() + [Conv1dAsMatmul, conv1x1_as_matmul(table), winograd_3x3(table)]
     if phase == "fuse":
         return graph_passes(opts.fusion, opts.knobs)
     if phase == "mark_constants":
