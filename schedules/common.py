@@ -237,11 +237,11 @@ def _column_reduction(sch, block_rv, loop) -> bool:
     take vector lanes, each lane summing its own column."""
     block = sch.get(block_rv)
     var = next((iv.var for iv in block.iter_vars if int(iv.iter_type) == 0), None)
-    if var is None or not block.reads:
+    if var is None or not block.reads or not all(r.region for r in block.reads):
         return False
-    from .row_chain import vars_in
+    from .row_chain import read_indices
 
-    return all(r.region and var.name in vars_in(r.region[-1].min) for r in block.reads)
+    return all(var.name in last for _used, last in read_indices(block))
 
 
 def pack_at_build_time(sch, block_rv) -> bool:

@@ -50,6 +50,14 @@ def vars_in(expr):
     return names
 
 
+def read_indices(block) -> list[tuple[set, set]]:
+    """For each buffer `block` reads: (the names of every variable in its indices, those in its
+    innermost index). What the reduction rules ask of a read: whether it walks a reduced axis along
+    its rows (the innermost index) or across them (sum(g, axis=0): a column per vector lane)."""
+    return [(set().union(*(vars_in(rg.min) for rg in r.region)), vars_in(r.region[-1].min))
+            for r in block.reads if r.region]
+
+
 def _is_reduction(sch, block_rv) -> bool:
     return any(int(iv.iter_type) == 2 for iv in sch.get(block_rv).iter_vars)
 

@@ -65,13 +65,8 @@ def _strided(sch, block_rv) -> bool:
     against 0.24 ms as Fallback's columns-as-vector-lanes (common.schedule_reduction)."""
     block = sch.get(block_rv)
     reduced = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
-
-    def across(region):  # reads along a reduced axis, but not along the innermost one
-        used = set().union(*(row_chain.vars_in(rg.min) for rg in region))
-        last = row_chain.vars_in(region[-1].min)
-        return bool(used & reduced) and bool(last) and not last & reduced
-
-    return any(r.region and across(r.region) for r in block.reads)
+    # reads along a reduced axis, but not along the innermost one
+    return any(used & reduced and last and not last & reduced for used, last in row_chain.read_indices(block))
 
 
 def _loops_below(sch, block_rv, row):

@@ -29,6 +29,7 @@ from .pool import Pool
 from .reduction import ColumnReduction, FullReduction, RowReduction
 from ..common import inline_injective, schedule_reduction, schedule_spatial
 from ..rule import ScheduleRule
+from ..tir_walk import children
 
 
 class Injective(ScheduleRule):
@@ -59,13 +60,7 @@ def _has_parallel_loop(stmt) -> bool:
     """Whether a For of kind parallel is anywhere in `stmt` (blocks, sequences, branches, lets)."""
     if isinstance(stmt, tvm.tirx.For) and stmt.kind == tvm.tirx.ForKind.PARALLEL:
         return True
-    if isinstance(stmt, tvm.tirx.SeqStmt):
-        return any(_has_parallel_loop(s) for s in stmt.seq)
-    for field in ("block", "body", "then_case", "else_case", "init"):
-        child = getattr(stmt, field, None)
-        if isinstance(child, tvm.tirx.Stmt) and _has_parallel_loop(child):
-            return True
-    return False
+    return any(_has_parallel_loop(s) for s in children(stmt))
 
 
 class Fallback(ScheduleRule):

@@ -18,34 +18,28 @@ import tvm_ffi
 from tvm import tirx
 
 from ..targets import CPU
+from ..tir_walk import children
 
 
 def work(func) -> int | None:
     """Stores executed by one call of `func` (None: a symbolic loop extent)."""
-    total = 0
 
-    def visit(stmt, mult):
-        nonlocal total
-        if stmt is None or total is None:
-            return
+    def count(stmt, mult):
+        if isinstance(stmt, tirx.BufferStore):
+            return mult
         if isinstance(stmt, tirx.For):
             if not isinstance(stmt.extent, tirx.IntImm):
-                total = None
-                return
-            visit(stmt.body, mult * int(stmt.extent.value))
-        elif isinstance(stmt, tirx.BufferStore):
-            total += mult
-        elif isinstance(stmt, tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, mult)
-        else:
-            for field in ("block", "body", "then_case", "else_case", "init"):
-                child = getattr(stmt, field, None)
-                if isinstance(child, tirx.Stmt):
-                    visit(child, mult)
+                return None
+            mult *= int(stmt.extent.value)
+        total = 0
+        for child in children(stmt):
+            n = count(child, mult)
+            if n is None:
+                return None
+            total += n
+        return total
 
-    visit(func.body, 1)
-    return total
+    return count(func.body, 1)
 
 
 def serial_when_small(func, threads: int):
