@@ -224,3 +224,38 @@ def test_the_matmul_rule_declines_a_mix_it_cannot_narrow(case, caplog):
     with config.override(strict=True):
         _sched, rule = apply_rules(func, LLVM, cpu.RULES, "kernel")
     assert rule not in (None, "cpu.Matmul")
+
+
+def _reshaped_matmul(transpose: bool):
+    """A projection whose A comes through a copy: [1, 16, 32] -> [16, 32] (a view: same flat
+    offsets), or a transposing copy of [1, 32, 16] (moves every element)."""
+    from tvm import topi
+
+    if transpose:
+        x = te.placeholder((1, 32, 16), name="x")
+        a = topi.transpose(topi.reshape(x, (32, 16)), (1, 0))
+    else:
+        x = te.placeholder((1, 16, 32), name="x")
+        a = topi.reshape(x, (16, 32))
+    w = te.placeholder((32, 64), name="w")
+    k = te.reduce_axis((0, 32), name="k")
+    m = te.compute((16, 64), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
+    return te.create_prim_func([x, w, m])
+
+
+@pytest.mark.parametrize("transpose", [False, True])
+def test_a_view_reshape_is_read_in_place_and_a_transposing_copy_stays_a_stage(transpose):
+    """The reshape that drops a unit axis moves nothing: the matmul reads x directly (no copy of A
+    per call); a transposing copy would be read with strides, so it stays a packed stage."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 32, 16) if transpose else (1, 16, 32)).astype("float32")
+    w = rng.standard_normal((32, 64)).astype("float32")
+    func = _reshaped_matmul(transpose)
+    with config.override(strict=True):
+        sched, rule = apply_rules(func, LLVM, cpu.RULES, "kernel")
+    assert rule == "cpu.Matmul"
+    copies = [b for b in ("T_reshape", "T_transpose") if f'T.sblock("{b}")' in sched.script()]
+    assert copies == (["T_transpose"] if transpose else []), copies
+    _rule, (out,) = _scheduled_and_run(func, [x, w], [(16, 64)])
+    a = x[0].T if transpose else x[0]
+    np.testing.assert_allclose(out, a.astype("float64") @ w, rtol=1e-5, atol=1e-5)
