@@ -22,6 +22,8 @@
   apply_tuning    MetaSchedule records (tuning_logs/) that beat the default     tuning/apply.py
   schedule        default schedule rules per target (decline -> next rule,      schedules/
                   fallback last), FLOPs stamped, vector math lowered
+  in_place        an update graph's new parameter values written into the      passes/update_in_place.py
+                  parameters (main's `tvmfuse.updates`; nothing without it)
   prepack         packing of constant weights moved to build time (llvm)        passes/prepack_weights.py
   codegen         Relax lowering to the VM, tvm.compile (shape functions marked TVM's backend lists,
                   noalias: one unmarked function costs the whole LLVM module    passes/mark_noalias.py
@@ -51,8 +53,8 @@ from .tuning.apply import apply_logs
 
 VARIANTS = ("none", "tvm", "tvmfuse")
 _BUILD_TE = ("normalize", "fold_constants", "precision", "fuse")  # phases that build TE from Relax ops (GRAPH_LOCK)
-PHASES = ("normalize", "fold_constants", "precision", "fuse", "mark_constants", "apply_tuning", "schedule", "prepack",
-          "codegen")
+PHASES = ("normalize", "fold_constants", "precision", "fuse", "mark_constants", "apply_tuning", "schedule", "in_place",
+          "prepack", "codegen")
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,10 @@ def phase_passes(phase: str, opts: Options) -> list:
         return [_function_pass("ApplyDefaultSchedules", lambda m: schedules.apply_default_schedules(m, t)),
                 _function_pass("StampFlops", stamp_flops),  # before lower_math: Schedule() rejects its Lets
                 _function_pass("LowerMath", lambda m: schedules.lower_math(m, t))]
+    if phase == "in_place":
+        from .passes.update_in_place import UpdateInPlace
+
+        return [UpdateInPlace]
     if phase == "prepack":
         return [PrepackWeights] if t.kind.name == "llvm" else []
     if phase == "codegen":

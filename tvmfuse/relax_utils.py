@@ -38,12 +38,16 @@ def tensor_bytes(ty) -> int:
     return int(np.prod(shape, dtype=np.int64)) * tvm.runtime.DataType(ty.dtype).bits // 8
 
 
+_KERNEL_CALLS = ("relax.call_tir", "relax.call_tir_inplace")
+
+
 def call_tir_sites(func: relax.Function):
-    """Yield (binding var, callee GlobalVar, tensor args, out type) for each call_tir in order."""
+    """Yield (binding var, callee GlobalVar, tensor args, out type) for each call_tir (or
+    call_tir_inplace: passes/update_in_place.py) in order."""
     for block in func.body.blocks:
         for bd in block.bindings:
             v = bd.value
-            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
+            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name in _KERNEL_CALLS:
                 args = list(v.args[1].fields) if isinstance(v.args[1], relax.Tuple) else [v.args[1]]
                 yield bd.var, v.args[0], args, bd.var.ty
 

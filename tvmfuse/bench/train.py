@@ -22,7 +22,8 @@ default is its per-parameter loop), counted with a TorchDispatchMode; Inductor's
 the `call()` of the code it generated for the step's graphs (its cpp_fused_* kernels and
 extern_kernels such as mm; `generated_kernel_count` is Inductor's own metric, recompiles included);
 tvmfuse's launches from the plans of its forward, backward and update builds, plus the update's
-copy-backs (`copy_back`: one copy_ per updated tensor; where an update graph ran eagerly, the
+copy-backs (`copy_back`: one copy_ per updated tensor the build could not write in place,
+passes/update_in_place.py; where an update graph ran eagerly, the
 optimizer part is eager's ATen op count instead, noted). Bytes moved per step: tvmfuse's
 builds' kernels' reads and writes (runtime/metrics.py bytes_moved); the peers have no such measure.
 """

@@ -43,8 +43,10 @@ def _dense(t: torch.Tensor):
     return to_tvm(t)
 
 
-def call(compiled, tensors) -> tuple:
+def call(compiled, tensors, donated=frozenset()) -> tuple:
     """Run `compiled` on torch tensors; its outputs as torch tensors (see the module docstring).
+    An output in the memory of an input whose index is in `donated` (an update written in place,
+    passes/update_in_place.py) is returned as it is, not cloned.
     No shape or dtype check here: the callers run graphs dynamo and AOTAutograd traced for these
     very shapes and dtypes (their guards recompile on any other), and a failing call is theirs to
     report."""
@@ -52,7 +54,7 @@ def call(compiled, tensors) -> tuple:
             for t in tensors]
     out = compiled._main()(*args)  # tvm-ffi takes torch tensors through DLPack and returns torch tensors
     outs = (out,) if isinstance(out, (torch.Tensor, tvm.runtime.Tensor)) else tuple(out)
-    ptrs = {t.data_ptr() for t in tensors if t.numel()}
+    ptrs = {t.data_ptr() for i, t in enumerate(tensors) if t.numel() and i not in donated}
     result = []
     for o in outs:
         r = o if isinstance(o, torch.Tensor) else torch.from_dlpack(o)

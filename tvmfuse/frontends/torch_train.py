@@ -142,26 +142,32 @@ def _info(example_inputs):
     return info
 
 
-def compile_aten_graph(gm, example_inputs, options: dict | None = None):
+def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates: dict | None = None):
     """(boxed callable, Compiled or None) for one ATen graph AOTAutograd made; raises on anything
-    tvmfuse cannot take (the caller runs the graph eagerly)."""
+    tvmfuse cannot take (the caller runs the graph eagerly). `updates` ({output index: input
+    index}: that output is the input's new value, torch_update.py) asks the build to write those
+    outputs into the inputs' memory (passes/update_in_place.py); the callable then returns the
+    input tensors' memory for them."""
     options = {k: v for k, v in (options or {}).items() if k not in _NOT_FOR_TRAINING}
     build_kw = {k: options.pop(k) for k in _BUILD_OPTIONS if k in options}
     info = _info(example_inputs)
     _refuse_random(gm)
     specs, computed = _plan_outputs(gm)
     compiled = None
+    donated = frozenset((updates or {}).values())
     if computed:
         real = [torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in info]
         with torch.no_grad():
             mod = import_aten(_computing_graph(gm, computed), real, info, {}, custom_convert_map=GRAD_CONVERTERS)
         _check_outputs(mod, computed)
+        if updates:
+            mod = _mark_updates(mod, specs, updates)
         compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                          tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
 
     def run(args):
         args = list(args)
-        outs = torch_tensors.call(compiled, args) if compiled is not None else ()
+        outs = torch_tensors.call(compiled, args, donated) if compiled is not None else ()
         results = []
         for spec in specs:
             if spec[0] == "none":
@@ -176,6 +182,17 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None):
         return results
 
     return run, compiled
+
+
+def _mark_updates(mod, specs, updates):
+    """main stamped with `tvmfuse.updates` ({main's output: main's parameter}) for the computed
+    outputs among `updates` (an output that is an input or None needs no update)."""
+    from ..passes.update_in_place import UPDATES
+
+    marks = {specs[o][1]: i for o, i in updates.items() if specs[o][0] == "computed"}
+    if marks:
+        mod["main"] = mod["main"].with_attr(UPDATES, marks)
+    return mod
 
 
 def _refuse_random(gm) -> None:
@@ -224,14 +241,20 @@ def _eager(gm):
     return _boxed(lambda items: gm(*items))
 
 
-def _compiler(kind: str, options: dict, fallback: str, new_record):
-    """AOTAutograd's compiler for one kind of graph ("forward", "backward", "inference"): the
-    tvmfuse build, or on failure the graph itself (eager), recorded either way."""
+def _compiler(kind: str, options: dict, fallback: str, new_record, functional=None):
+    """AOTAutograd's compiler for one kind of graph ("forward", "backward", "inference", "update"):
+    the tvmfuse build, or on failure the graph itself (eager), recorded either way. `functional`
+    (gm -> (the graph tvmfuse builds, {output: input it updates}, run(fn) -> the graph's callable)):
+    an update graph's in-place copies taken out before the build and done by `run` (torch_update.py);
+    the eager fallback runs the graph as AOTAutograd gave it."""
     def compile_one(gm, example_inputs):
         record = new_record(kind, sum(n.op == "call_function" for n in gm.graph.nodes))
         record.route = "aot"
         try:
-            fn, compiled = compile_aten_graph(gm, example_inputs, options)
+            built, updates, wrap = functional(gm) if functional else (gm, None, None)
+            fn, compiled = compile_aten_graph(built, example_inputs, options, updates)
+            fn = wrap(fn, compiled) if wrap else fn
+            record.copies = getattr(fn, "copies", 0)
         except Exception as err:  # noqa: BLE001 - never break training: the ATen graph runs eagerly
             return _refused(gm, record, err, fallback)
         record.compiled = compiled

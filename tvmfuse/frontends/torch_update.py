@@ -8,9 +8,12 @@ in-place op, `torch._foreach_add_`, `p.mul_`, `p.copy_`, ..., whose target is a 
 exp_avg_sq, step tensors), which dynamo keeps as attributes of the graph.
 
 The route: `aot_module_simplified` (the attributes lifted to inputs) with
-`keep_inference_input_mutations=False`: AOTAutograd functionalizes the graph, so each mutated input's
-new value becomes an extra output of one functional ATen graph (kind "update" in the records), and
-its runtime wrapper copies each new value back into the mutated tensor (`t.copy_(new)`), so the
+`keep_inference_input_mutations=True`: AOTAutograd functionalizes the graph and ends it with one
+`copy_(input, new value)` per mutated input. `_functional` makes those new values outputs of the
+graph tvmfuse builds (kind "update" in the records) and marks which input each one updates; the
+build writes a new value into its input's memory where passes/update_in_place.py proves that safe
+(the fused update kernel reads each element of the parameter, the moments and the step count
+before it stores the same element), and the rest are copied into place after the call. The
 parameters and the optimizer state are updated in place as eager updates them. The decompositions
 are the training route's (core ATen, torch_train.decompositions) and `FOREACH`: each `_foreach_*` op
 of the foreach implementations as the per-tensor ops it applies, so the update of N parameters is N
@@ -24,6 +27,8 @@ AOTAutograd), one AOTAutograd cannot trace (the dynamo graph itself), one whose 
 cannot import or build (the ATen graph, AOT's copy-back intact). Either way the step stays correct.
 """
 from __future__ import annotations
+
+import copy
 
 import torch
 
@@ -118,27 +123,56 @@ def decompositions() -> dict:
 
 def update_backend(gm, example_inputs, options: dict, fallback: str, new_record):
     """The update route for one dynamo graph: AOTAutograd's functional graph built by tvmfuse (kind
-    "update"), its mutations copied back by AOT's runtime wrapper. `new_record(kind, ops)` makes the
-    GraphRecord of the ATen graph. Raises what AOTAutograd raises (the caller runs `gm` eagerly)."""
+    "update"), its new values written into the mutated tensors (`_functional`). `new_record(kind,
+    ops)` makes the GraphRecord of the ATen graph. Raises what AOTAutograd raises (the caller runs
+    `gm` eagerly)."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
     options = {"horizontal": True, **options}
-    build_one = torch_train._compiler("update", options, fallback, new_record)
-
-    def compiler(aot_gm, aot_inputs):
-        call = build_one(aot_gm, aot_inputs)
-        call.record.copies = _copies()
-        return call
-
+    compiler = torch_train._compiler("update", options, fallback, new_record, functional=_functional)
     with torch.no_grad():
         return aot_module_simplified(gm, example_inputs, fw_compiler=compiler, inference_compiler=compiler,
-                                     decompositions=decompositions(), keep_inference_input_mutations=False)
+                                     decompositions=decompositions(), keep_inference_input_mutations=True)
 
 
-def _copies() -> int:
-    """How many mutated inputs AOTAutograd's runtime wrapper copies back per call (its metadata of
-    the graph being compiled); 0 when it cannot be read."""
-    from torch._guards import TracingContext
+def _functional(gm):
+    """(a copy of `gm` whose trailing `copy_(input, new)` are outputs instead, {output: input},
+    wrap): AOTAutograd keeps an update graph's mutations as copies into its inputs
+    (keep_inference_input_mutations); tvmfuse builds the graph without them, writing each new value
+    into its input where passes/update_in_place.py proves it safe, and `wrap(fn, compiled)` copies
+    the rest into place (`copy_`, counted in the record) and returns the graph's own outputs."""
+    graph = copy.deepcopy(gm.graph)
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    out = next(n for n in graph.nodes if n.op == "output")
+    outs = list(out.args[0]) if isinstance(out.args[0], (tuple, list)) else [out.args[0]]
+    n_own, updates = len(outs), {}
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.copy_.default and not node.users \
+                and isinstance(node.args[0], torch.fx.Node) and node.args[0].op == "placeholder":
+            updates[len(outs)] = placeholders.index(node.args[0])
+            outs.append(node.args[1])
+            graph.erase_node(node)
+    out.args = (tuple(outs),)
 
-    meta = getattr(TracingContext.try_get(), "fw_metadata", None)
-    return int(getattr(meta, "num_mutated_inp_runtime_indices", 0) or 0)
+    def wrap(fn, compiled):
+        def run(args):
+            results = fn(args)
+            for o, i in updates.items():
+                if results[o].data_ptr() != args[i].data_ptr():  # not written in place: copied
+                    args[i].copy_(results[o])
+            return results[:n_own]
+
+        run.copies = in_place_copies(compiled, updates)
+        return run
+
+    return torch.fx.GraphModule(gm, graph), updates, wrap
+
+
+def in_place_copies(compiled, updates: dict) -> int:
+    """How many of an update graph's new values are copied into place per call (the rest the
+    build writes in place: passes/update_in_place.py)."""
+    from ..passes.update_in_place import IN_PLACE
+
+    attrs = compiled.mod["main"].attrs if compiled is not None else None
+    served = attrs.get(IN_PLACE) if attrs is not None else None
+    return len(updates) - len(served or ())

@@ -1,0 +1,188 @@
+"""UpdateInPlace: an update graph writes the new value of a parameter into the parameter itself.
+
+Contract. Reads main's attribute `tvmfuse.updates` ({output index: parameter index}: main's output k
+is the new value of its parameter i, as an optimizer step's functional graph returns the new
+parameters and moments; frontends/torch_update.py sets it). For each pair it can prove safe, the
+call_tir that computes output k becomes a call_tir_inplace whose output aliases parameter i, and
+its PrimFunc (a copy, `<name>_inplace`) writes into i's buffer instead of a buffer of its own
+(PrimFunc.specialize). Stamps main with `tvmfuse.in_place`: the output indices now aliased. A
+module without the attribute is returned as it is.
+
+Legal (`_refusal` says why not, logged on `tvmfuse.fusion`):
+  - in main: parameter i is an argument of that call once, and used nowhere else (not returned, no
+    other call reads it), so nothing can read its old value after the call;
+  - in the PrimFunc: the parameter's buffer is read by one block only, the block that writes the
+    output, at the very indices it writes (an elementwise update: each element read before the
+    same element is stored, in the same iteration), and never written; same shape and dtype.
+  A kernel whose later block reads the old value (AdamW's parameter step reading the old moment
+  instead of the new one) is refused. The values computed do not change; only where they are put.
+
+Why: without it, each new value is written to a fresh tensor and copied back into the parameter
+by AOTAutograd's runtime wrapper, one `copy_` per tensor: an AdamW step over 8 tensors was 1
+kernel and 24 copies. Runs after the schedules (the phase `in_place`), which move loops but not
+which element a block reads.
+"""
+from __future__ import annotations
+
+import logging
+
+import tvm
+import tvm_ffi
+from tvm import relax
+
+log = logging.getLogger("tvmfuse.fusion")
+
+UPDATES = "tvmfuse.updates"
+IN_PLACE = "tvmfuse.in_place"
+
+
+def _bindings(func):
+    return {b.var: b.value for block in func.body.blocks for b in block.bindings}
+
+
+def _uses(func, var) -> int:
+    count = [0]
+
+    def visit(v):
+        if v.same_as(var):
+            count[0] += 1
+
+    tvm_ffi.structural_walk(func.body, (relax.Var, visit), order="post")
+    return count[0]
+
+
+def _top_level(prim) -> list[list]:
+    """The blocks of each top-level statement of the kernel's root block, in program order (each
+    a loop nest that finishes before the next begins)."""
+    body = prim.body
+    while isinstance(body, (tvm.s_tir.SBlockRealize, tvm.s_tir.SBlock)):  # down to the root block's body
+        body = body.block if isinstance(body, tvm.s_tir.SBlockRealize) else body.body
+    stmts = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
+    nests = []
+    for stmt in stmts:
+        found = []
+        tvm_ffi.structural_walk(stmt, (tvm.s_tir.SBlock, found.append), order="post")
+        nests.append(found)
+    return nests
+
+
+def _point(region) -> list | None:
+    """The indices of a one-element region, or None."""
+    if any(not (isinstance(r.extent, tvm.tirx.IntImm) and int(r.extent) == 1) for r in region.region):
+        return None
+    return [r.min for r in region.region]
+
+
+def _same_indices(a, b) -> bool:
+    return a is not None and b is not None and len(a) == len(b) and all(
+        tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
+
+
+def _prim_refusal(prim, src, dst) -> str:
+    """Why output buffer `dst` cannot take the place of input buffer `src` ('' when it can)."""
+    if str(src.dtype) != str(dst.dtype) or not _same_indices(list(src.shape), list(dst.shape)):
+        return "the output's shape or dtype differs from the parameter's"
+    nests = _top_level(prim)
+    blocks = [(k, b) for k, nest in enumerate(nests) for b in nest]
+    if any(w.source.same_as(src) for _k, b in blocks for w in b.writes):
+        return "the kernel writes the parameter"
+    writers = [(k, b) for k, b in blocks if any(w.source.same_as(dst) for w in b.writes)]
+    if len(writers) != 1:
+        return "the new value is not written by one block"
+    at_nest, block = writers[0]
+    writes = [w for w in block.writes if w.source.same_as(dst)]
+    if len(block.writes) != 1 or block.init is not None:
+        return f"the block writing the new value ({block.name_hint}) writes other buffers too"
+    at = _point(writes[0])
+    for k, b in blocks:
+        reads = [r for r in b.reads if r.source.same_as(src)]
+        if not reads or k < at_nest:  # an earlier loop nest: done before the new value is stored
+            continue
+        if not b.same_as(block):
+            return f"block {b.name_hint} reads the parameter's old value after or beside the update"
+        if not all(_same_indices(_point(r), at) for r in reads):
+            return f"block {b.name_hint} reads the parameter at other elements than it writes"
+    return ""
+
+
+def _site(func, out_index):
+    """(call binding var, the call, output position j) computing main's output `out_index`, or a reason."""
+    binds = _bindings(func)
+    ret = func.body.body
+    ret = binds.get(ret, ret) if isinstance(ret, relax.Var) else ret
+    if not isinstance(ret, relax.Tuple) or out_index >= len(ret.fields):
+        return "main does not return a tuple with that output"
+    value, j = ret.fields[out_index], 0
+    value = binds.get(value, value) if isinstance(value, relax.Var) else value
+    if isinstance(value, relax.TupleGetItem):
+        value, j = value.tuple_value, int(value.index)
+    call = binds.get(value) if isinstance(value, relax.Var) else None
+    if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
+        return "the output is not computed by a kernel call"
+    if len(call.args) > 2:
+        return "the kernel takes symbolic shape arguments"
+    return value, call, j
+
+
+def _plan(mod, func, updates):
+    """{call var: (call, {output j: arg index a})} of the legal pairs, and the main outputs they serve."""
+    plans, served = {}, []
+    for out_index, param_index in sorted(updates.items()):
+        param = func.params[param_index]
+        site = _site(func, out_index)
+        why = site if isinstance(site, str) else ""
+        if not why:
+            var, call, j = site
+            args = list(call.args[1].fields)
+            positions = [a for a, x in enumerate(args) if x.same_as(param)]
+            if len(positions) != 1 or _uses(func, param) != 1:
+                why = "the parameter is read elsewhere in the graph"
+            else:
+                prim = mod[call.args[0]]
+                n_in = len(args)
+                why = _prim_refusal(prim, prim.params[positions[0]], prim.params[n_in + j])
+        if why:
+            log.info("update of input %d (output %d) stays a copy: %s", param_index, out_index, why)
+            continue
+        plans.setdefault(var, (call, {}))[1][j] = positions[0]
+        served.append(out_index)
+    return plans, served
+
+
+@relax.expr_functor.mutator
+class _Rewrite(relax.PyExprMutator):
+    """Each planned call_tir as a call_tir_inplace of a specialized copy of its PrimFunc."""
+
+    def __init__(self, mod, plans):
+        super().__init__(mod)
+        self.plans = list(plans.values())
+
+    def visit_call_(self, call):
+        plan = next((p for p in self.plans if p[0].same_as(call)), None)
+        if plan is None:
+            return super().visit_call_(call)
+        _call, aliases = plan
+        prim = self.builder_.get()[call.args[0]]
+        n_in = len(call.args[1].fields)
+        prim = prim.specialize({prim.params[n_in + j]: prim.params[a] for j, a in aliases.items()})
+        gv = self.builder_.add_func(prim, call.args[0].name_hint + "_inplace")
+        ty = call.ty
+        fields = list(ty.fields) if isinstance(ty, relax.TupleType) else [ty]
+        indices = [aliases.get(j, -1) for j in range(len(fields))]
+        return relax.call_tir_inplace(gv, call.args[1], indices, fields if isinstance(ty, relax.TupleType) else fields[0])
+
+
+@tvm.transform.module_pass(opt_level=0, name="tvmfuse.UpdateInPlace")
+def UpdateInPlace(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    func = mod["main"]
+    updates = func.attrs.get(UPDATES) if func.attrs else None
+    if not updates:
+        return mod
+    plans, served = _plan(mod, func, {int(k): int(v) for k, v in updates.items()})
+    if not plans:
+        return mod
+    rewriter = _Rewrite(mod, plans)
+    new = rewriter.visit_expr(func).with_attr(IN_PLACE, served)
+    out = rewriter.builder_.get()
+    out["main"] = new
+    return relax.transform.DeadCodeElimination(["main"])(out)
