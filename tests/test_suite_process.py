@@ -33,15 +33,20 @@ def test_an_exception_gives_its_class_and_first_line(tmp_path):
     assert row["stages"]["process"]["error"] == "ValueError: bad shape"
 
 
-def _row(name, ok, ms):
+def _row(name, ok, ms, family="encoder"):
     st = {s: {"ok": ok} for s in summary.CORE}
-    return {"model": name, "stages": st, "latency_ms": ms,
+    return {"model": name, "family": family, "stages": st, "latency_ms": ms,
             "backend": {"compiled": ok, "graph_breaks": 1, "eager_reasons": []}}
 
 
 def test_summary_pass_rates_and_geomeans():
     rows = [_row("a", True, {"tvmfuse": 1.0, "tvm": 2.0, "torch": 4.0, "onnxruntime": 2.0}),
-            _row("b", False, {"tvmfuse": 4.0, "tvm": 2.0, "torch": 1.0})]
+            _row("b", False, {"tvmfuse": 4.0, "tvm": 2.0, "torch": 1.0}),
+            _row("c", True, {"tvmfuse": 1.0, "torch": 4.0}, family="audio")]
+    s = summary.summarize(rows)
+    assert s["best_peer_by_family"] == {"encoder": {"geomean": 1.4142, "models": 2},
+                                        "audio": {"geomean": 0.25, "models": 1}}
+    rows = rows[:2]
     s = summary.summarize(rows)
     assert s["pass_all"] == {"passed": 1, "of": 2, "rate": 0.5}
     assert s["stages"]["build[tvmfuse]"] == {"passed": 1, "ran": 2, "rate": 0.5}
@@ -53,6 +58,7 @@ def test_summary_pass_rates_and_geomeans():
                           "commit": {"hash": "abc", "dirty": False}, "versions": {}}}  # runtime.machine.record's keys
     md = summary.markdown(result)
     assert "| build[tvmfuse] | 1 | 2 | 0.5 |" in md and "| best peer | 1.4142 | 2 |" in md
+    assert "| encoder | 1.4142 | 2 |" in md
     json.dumps(result)
 
 

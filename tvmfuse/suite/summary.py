@@ -36,22 +36,30 @@ def summarize(rows) -> dict:
         passed = sum(r["stages"][s]["ok"] for r in ran)
         stages[s] = {"passed": passed, "ran": len(ran), "rate": round(passed / len(ran), 3) if ran else None}
     core = sum(all(r.get("stages", {}).get(s, {}).get("ok") for s in CORE) for r in rows)
-    ratios = {}
-    for other in ("tvm",) + PEERS + ("best peer",):
-        vals = []
-        for r in rows:
-            ms = r.get("latency_ms", {})
-            peer = min((ms[p] for p in PEERS if p in ms), default=None) if other == "best peer" else ms.get(other)
-            if ms.get("tvmfuse") and peer:
-                vals.append(ms["tvmfuse"] / peer)
-        ratios[other] = {"geomean": round(geomean(vals), 4) if vals else None, "models": len(vals)}
+    ratios = {other: _geomean([_over(r, other) for r in rows]) for other in ("tvm",) + PEERS + ("best peer",)}
+    families = {}
+    for r in rows:
+        families.setdefault(r.get("family", ""), []).append(_over(r, "best peer"))
     backend = [r["backend"] for r in rows if "backend" in r]
     slower = [r["model"] for r in rows if r.get("tvmfuse_over_tvm", {}).get("q1", 0) > 1]
     return {"slower_than_tvm": slower, "models": len(rows), "stages": stages,
             "pass_all": {"passed": core, "of": len(rows), "rate": round(core / len(rows), 3) if rows else None},
             "backend": {"compiled": sum(b["compiled"] for b in backend), "of": len(backend),
                         "graph_breaks": sum(b["graph_breaks"] for b in backend)},
-            "tvmfuse_over": ratios}
+            "tvmfuse_over": ratios,
+            "best_peer_by_family": {f: _geomean(v) for f, v in families.items() if any(x for x in v)}}
+
+
+def _over(row, other):
+    """tvmfuse's latency over `other`'s in one row (the best peer: the fastest of PEERS), or None."""
+    ms = row.get("latency_ms", {})
+    peer = min((ms[p] for p in PEERS if p in ms), default=None) if other == "best peer" else ms.get(other)
+    return ms["tvmfuse"] / peer if ms.get("tvmfuse") and peer else None
+
+
+def _geomean(values) -> dict:
+    vals = [v for v in values if v]
+    return {"geomean": round(geomean(vals), 4) if vals else None, "models": len(vals)}
 
 
 def machine() -> dict:
@@ -94,6 +102,10 @@ def markdown(result) -> str:
             slower = summ.get("slower_than_tvm", [])
             out += ["", "Slower than fusion=\"tvm\" beyond noise (per-round ratio's lower quartile above 1): "
                     + (", ".join(slower) if slower else "none") + "."]
+        fams = summ.get("best_peer_by_family", {})
+        if fams:
+            out += ["", "### tvmfuse over the best peer, by family", "", "| family | geomean | models |", "|---|---|---|"]
+            out += [f"| {f} | {v['geomean']} | {v['models']} |" for f, v in fams.items()]
         out.append("")
     lat = [s for s in ("tvmfuse", "tvm") + PEERS if any(s in r.get("latency_ms", {}) for r in rows)]
     ratio = any("tvmfuse_over_tvm" in r for r in rows)
