@@ -100,7 +100,7 @@ def _is_view(block, store) -> bool:
         read = _flat_index(store.value.indices, src.shape)
         write = _flat_index(store.indices, dst.shape)
         return bool(ana.can_prove_equal(read, write))
-    except (TypeError, tvm.TVMError):  # int32 and int64 indices mixed: not provably a view
+    except (TypeError, AttributeError, tvm.TVMError):  # int32 and int64 indices mixed: not provably a view
         return False
 
 

@@ -89,6 +89,7 @@ def test_a_constant_weight_is_rearranged_at_build_time():
     ("two outputs per group", _mod(1, 16, 40, 16, 3, groups=8)),
     ("reduction of 3", _mod(1, 1, 40, 16, 3)),
     ("channel-last layout", _mod(1, 16, 40, 32, 3, layout="NWC")),
+    ("an im2col of 64 GiB", _mod(1, 1024, 1 << 20, 64, 16)),  # only its shapes are read: no data
 ])
 def test_must_not_fire(case, mod, caplog):
     with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):

@@ -174,3 +174,29 @@ def test_an_update_off_the_cpu_is_refused_before_aot():
     gm = torch.fx.symbolic_trace(lambda a, b: a.add_(b))
     assert "on meta" in refusal(gm, [torch.empty(4, device="meta"), torch.empty(4, device="meta")])
     assert refusal(gm, [torch.empty(4), torch.empty(4)]) == ""
+
+
+def test_an_update_that_saves_the_old_value_of_another_updated_tensor():
+    """prev.copy_(p); p.add_(..): prev must get p's old value. The build may not write p in place
+    while p's old value is also an output, and no copy into place may read a tensor another copy
+    already overwrote (whatever order the copies run in)."""
+    torch._dynamo.reset()
+
+    def update(prev, p, q):
+        prev.copy_(p)
+        p.add_(1.0)
+        q.mul_(2.0)
+
+    compiled = torch.compile(update, backend="tvmfuse", options={"fallback": "error"})
+    before = {id(r) for r in torch_records.RECORDS}
+    p, q = torch.randn(64), torch.randn(8, 8)
+    prev = torch.zeros(64)
+    for _ in range(2):
+        old_p, old_q = p.clone(), q.clone()
+        with torch.no_grad():
+            compiled(prev, p, q)
+        _close(prev, old_p, "prev holds p's old value")
+        _close(p, old_p + 1.0, "p")
+        _close(q, 2.0 * old_q, "q")
+    (record,) = [r for r in _new_records(before) if r.kind == "update"]
+    assert record.compiled is not None and record.copies >= 1, record.line()  # prev (and p) copied

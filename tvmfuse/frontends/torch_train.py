@@ -51,6 +51,7 @@ import sys
 import torch
 
 from ..build import build
+from ..passes.update_in_place import aliased_outputs, offer_updates
 from . import torch_records, torch_tensors
 from .torch_aten import import_aten
 from .torch_grad_converters import GRAD_CONVERTERS
@@ -154,16 +155,20 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
     _refuse_random(gm)
     specs, computed = _plan_outputs(gm)
     compiled = None
-    donated = frozenset((updates or {}).values())
+    donated = frozenset()
     if computed:
         real = [torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in info]
         with torch.no_grad():
             mod = import_aten(_computing_graph(gm, computed), real, info, {}, custom_convert_map=GRAD_CONVERTERS)
         _check_outputs(mod, computed)
-        if updates:
-            mod = _mark_updates(mod, specs, updates)
+        # the new values of updated inputs (torch_update.py), offered to passes/update_in_place.py; not an
+        # input the graph also returns as it is (written in place, that output would read the new value)
+        returned = {s[1] for s in specs if s[0] == "input"}
+        marks = {specs[o][1]: i for o, i in (updates or {}).items() if specs[o][0] == "computed" and i not in returned}
+        mod = offer_updates(mod, marks)
         compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                          tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
+        donated = frozenset(marks[k] for k in aliased_outputs(compiled.mod))  # returned in place, not cloned
 
     def run(args):
         args = list(args)
@@ -182,17 +187,6 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
         return results
 
     return run, compiled
-
-
-def _mark_updates(mod, specs, updates):
-    """main stamped with `tvmfuse.updates` ({main's output: main's parameter}) for the computed
-    outputs among `updates` (an output that is an input or None needs no update)."""
-    from ..passes.update_in_place import UPDATES
-
-    marks = {specs[o][1]: i for o, i in updates.items() if specs[o][0] == "computed"}
-    if marks:
-        mod["main"] = mod["main"].with_attr(UPDATES, marks)
-    return mod
 
 
 def _refuse_random(gm) -> None:

@@ -153,13 +153,24 @@ def _functional(gm):
             outs.append(node.args[1])
             graph.erase_node(node)
     out.args = (tuple(outs),)
+    left = [n for n in graph.nodes if any(t.op == "placeholder" for t in _mutated(n))]
+    if left:
+        raise NotImplementedError(f"the update graph mutates an input with {left[0].target} (not a trailing copy_), "
+                                  "which the built graph would drop")
 
     def wrap(fn, compiled):
         def run(args):
             results = fn(args)
+            targets = {args[i].data_ptr() for i in updates.values()}
+            pending = []
             for o, i in updates.items():
-                if results[o].data_ptr() != args[i].data_ptr():  # not written in place: copied
-                    args[i].copy_(results[o])
+                src = results[o]
+                if src.data_ptr() == args[i].data_ptr():  # written in place by the build
+                    continue
+                # a source in another updated tensor's memory (its old value) is read before any copy
+                pending.append((args[i], src.clone() if src.data_ptr() in targets else src))
+            for dst, src in pending:
+                dst.copy_(src)
             return results[:n_own]
 
         run.copies = in_place_copies(compiled, updates)
@@ -171,8 +182,7 @@ def _functional(gm):
 def in_place_copies(compiled, updates: dict) -> int:
     """How many of an update graph's new values are copied into place per call (the rest the
     build writes in place: passes/update_in_place.py)."""
-    from ..passes.update_in_place import IN_PLACE
+    from ..passes.update_in_place import aliased_outputs
 
-    attrs = compiled.mod["main"].attrs if compiled is not None else None
-    served = attrs.get(IN_PLACE) if attrs is not None else None
-    return len(updates) - len(served or ())
+    return len(updates) - (len(aliased_outputs(compiled.mod)) if compiled is not None else 0)
+

@@ -10,7 +10,7 @@ change) and profitable (`_profitable`), into
                                      # rearranged here, at build time
   y   = permute_dims(m, ..) (+ reshape for groups)                     # [N, O, Lo] again
 
-which is the same sum over (c, k), term for term (no reassociation); the padding is zeros the
+which is the same sum over (c, k), term for term; the padding is zeros the
 im2col kernel writes, as the conv's padded input held. Everything after the conv (bias, GELU,
 a group norm) reads `y` as before, so the matmul's epilogue takes it.
 
@@ -20,8 +20,9 @@ ran cpu.Fallback's loop nest at 3-4 GFLOP/s; wav2vec2's and HuBERT's feature enc
 micro-kernel on a prepacked weight; the im2col copy costs K/stride times the input's bytes.
 
 Must not fire: a non-NCW layout, a symbolic channel count, length or kernel, an int or mixed
-dtype, and a conv with too little to multiply (`_profitable`: a depthwise conv, one output or one
-input per group, stays a conv). Each rewrite and each refusal is logged on `tvmfuse.fusion`.
+dtype, a conv with too little to multiply (`_profitable`: a depthwise conv, one output or one
+input per group, stays a conv) and one whose im2col would pass MAX_IM2COL_BYTES per sample. The
+matmul sums each output's C*K products in its own order (float reassociation only). Each rewrite and each refusal is logged on `tvmfuse.fusion`.
 llvm targets only (pipeline.py).
 """
 from __future__ import annotations
@@ -37,6 +38,7 @@ from ..relax_utils import rewrite_op_calls, static_ints
 log = logging.getLogger("tvmfuse.fusion")
 
 MIN_GROUP_WIDTH = 4  # output channels per group (matmul columns) and Cg*K (its reduction) below this stay a conv
+MAX_IM2COL_BYTES = 1 << 30  # per sample: a wider im2col (an hour of audio through a 128-wide kernel) stays a conv
 
 
 def _legal(call):
@@ -63,8 +65,10 @@ def _legal(call):
     return cl[0], cl[1], ws[0], ws[2], g, int(a.strides[0]), int(a.dilation[0]), (pad[0], pad[1])
 
 
-def _profitable(c, o, k, g) -> str | None:
-    """None when the matmul form has something to multiply, else why the conv stays."""
+def _profitable(c, o, k, g, lo=0, itemsize=4) -> str | None:
+    """None when the matmul form has something to multiply and its im2col fits, else why the conv stays."""
+    if lo * c * k * itemsize > MAX_IM2COL_BYTES:
+        return f"its im2col would take {lo * c * k * itemsize / 2**30:.1f} GiB per sample"
     if o // g < MIN_GROUP_WIDTH:
         return f"{o // g} output channel(s) per group: a matmul of so few columns is no faster"
     if (c // g) * k < MIN_GROUP_WIDTH:
@@ -107,11 +111,11 @@ def _rewrite(call, builder):
         log.info("conv1d stays a conv: %s", legal)
         return None
     c, length, o, k, g, stride, dilation, (pl, pr) = legal
-    why = _profitable(c, o, k, g)
+    lo = (length + pl + pr - dilation * (k - 1) - 1) // stride + 1
+    why = _profitable(c, o, k, g, lo, tvm.runtime.DataType(str(call.args[0].ty.dtype)).bits // 8)
     if why:
         log.info("conv1d %dx%d -> %d (k %d, groups %d) stays a conv: %s", c, length, o, k, g, why)
         return None
-    lo = (length + pl + pr - dilation * (k - 1) - 1) // stride + 1
     if lo < 1:
         log.info("conv1d %dx%d -> %d (k %d) stays a conv: no output column", c, length, o, k)
         return None

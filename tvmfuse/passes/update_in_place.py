@@ -36,6 +36,19 @@ UPDATES = "tvmfuse.updates"
 IN_PLACE = "tvmfuse.in_place"
 
 
+def offer_updates(mod: tvm.IRModule, marks: dict) -> tvm.IRModule:
+    """`mod` with main stamped `tvmfuse.updates` = marks ({main's output: main's parameter}), when any."""
+    if marks:
+        mod["main"] = mod["main"].with_attr(UPDATES, marks)
+    return mod
+
+
+def aliased_outputs(mod: tvm.IRModule) -> list[int]:
+    """main's outputs this pass wrote into their parameters (its `tvmfuse.in_place` stamp)."""
+    attrs = mod["main"].attrs
+    return [int(k) for k in (attrs.get(IN_PLACE) if attrs is not None else None) or ()]
+
+
 def _bindings(func):
     return {b.var: b.value for block in func.body.blocks for b in block.bindings}
 
