@@ -454,3 +454,29 @@ def test_a_gather_after_a_matmul_is_refused():
     p = plan(*graph(take_epilogue), knobs())
     assert p.groups == [[0], [1]]
     assert any("gathered after compute-heavy" in refusal(r)[4] for r in p.refused)
+
+
+def bias_grad_reshape(bb, x, w, b):
+    """A bias gradient as AOTAutograd writes it: sum over the batch keeping the axis, then a reshape
+    of the [1, 16] result to [16]."""
+    s = bb.emit(relax.op.sum(x, axis=[0], keepdims=True))
+    return relax.op.reshape(s, (16,))
+
+
+def column_sum_beside_a_reshape_of_its_input(bb, x, w, b):
+    """Must not fire: a reshape of the reduction's input rows ([8, 16] -> [128]) next to a column sum."""
+    s = bb.emit(relax.op.sum(x, axis=[0]))
+    r = bb.emit(relax.op.reshape(x, (128,)))
+    return relax.Tuple([s, r])
+
+
+def test_a_reshape_of_a_column_sum_joins_it_and_a_reshape_of_its_rows_does_not():
+    """Renaming the axes of a column reduction's output ([1, 16] -> [16]) is an epilogue on the
+    reduced values: one kernel (the MLP's backward: 9 kernels -> 7). A reshape of the rows the
+    reduction reads is not, and stays refused."""
+    g = block_graph(bias_grad_reshape)
+    assert [n.op for n in g.nodes] == ["sum", "reshape"]
+    assert legality.check(g, {0, 1}, knobs()) is None
+    assert plan(*graph(bias_grad_reshape), knobs()).groups == [[0, 1]]
+    g = block_graph(column_sum_beside_a_reshape_of_its_input)
+    assert_refused(legality.check(g, {0, 1}, knobs()), "reduction_space")

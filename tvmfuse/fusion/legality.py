@@ -109,10 +109,33 @@ def _reduction_space(g, members, knobs):
         if n.cls == REDUCTION:
             continue
         ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ()))
+        if not ok and _relabels_a_reduction(g, members, n):
+            continue
         if not ok:
             return (f"{n.name} ({n.op}, shape {list(n.dims or [])}) does not iterate over the rows "
                     f"{list(row)} of reduction {first.name}")
     return None
+
+
+_RELABEL = ("reshape", "squeeze", "expand_dims", "flatten")
+
+
+def _relabels_a_reduction(g, members, n) -> bool:
+    """Whether `n` only renames the axes of a reduction's output in the group, element for element
+    (a bias gradient's sum over the batch, [1, 64] -> [64]): an epilogue on the reduced values,
+    which the reduction writes first, whatever rows it iterated over."""
+    if n.op not in _RELABEL or n.shape is None:
+        return False
+    srcs = [g.by_idx[p] for p in g.producers[n.idx] if p in members]
+    return len(srcs) == 1 and srcs[0].cls == REDUCTION and srcs[0].shape is not None and \
+        _count(srcs[0].shape) == _count(n.shape) and len(g.producers[n.idx]) == 1
+
+
+def _count(shape) -> int:
+    total = 1
+    for d in shape:
+        total *= int(d)
+    return total
 
 
 def _multi_output(g, members, knobs):
