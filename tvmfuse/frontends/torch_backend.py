@@ -217,7 +217,7 @@ def _training(gm, example_inputs, options, fallback, autograd, record):
 
 def _update(gm, example_inputs, options, fallback, record):
     """A graph that updates its inputs in place, an optimizer step (torch_update.py): its functional
-    ATen graph built by tvmfuse, the updates copied back; or the dynamo graph in eager PyTorch with
+    ATen graph built by tvmfuse, the updates written in place; or the dynamo graph in eager PyTorch with
     the reason recorded."""
     return _through_aot(gm, example_inputs, options, fallback, record, torch_update.refusal(gm, example_inputs),
                         torch_update.update_backend, kind="update", what="the update graph",
