@@ -178,6 +178,27 @@ def static_ints(values) -> list[int] | None:
         return None
 
 
+def float_conv_operands(call, ndim: int):
+    """(input shape values, weight shape ints, input's non-batch dims as ints) of a conv call whose
+    operands are float tensors of rank `ndim`, static but for the batch, of one dtype with no
+    out_dtype change; else why not (str). What the conv rewrites (Conv1dAsMatmul,
+    Conv1x1AsMatmul) ask before they look at the conv's own attributes."""
+    x, w = call.args
+    if not isinstance(x.ty, relax.TensorType) or not isinstance(w.ty, relax.TensorType):
+        return "operand without a tensor type"
+    if x.ty.ndim != ndim or w.ty.ndim != ndim or x.ty.shape is None or w.ty.shape is None:
+        return "operand of unknown rank or shape"
+    xs = list(x.ty.shape.values)
+    ws, rest = static_ints(w.ty.shape.values), static_ints(xs[1:])
+    if ws is None or rest is None:
+        return "a symbolic channel count, map size or kernel"
+    out = str(call.attrs.out_dtype)
+    if not str(x.ty.dtype).startswith("float") or w.ty.dtype != x.ty.dtype or \
+            (out not in ("", "void", "None") and out != x.ty.dtype):
+        return f"dtypes {x.ty.dtype} x {w.ty.dtype} -> {call.attrs.out_dtype}"
+    return xs, ws, rest
+
+
 def dense_nchw_conv_reason(call) -> str | None:
     """Why a conv2d call is not a dense (groups 1) NCHW / OIHW conv, or None when it is: the form
     the conv rewrites (Conv1x1AsMatmul, Winograd3x3) take."""

@@ -33,7 +33,7 @@ import numpy as np
 import tvm
 from tvm import relax, te
 
-from ..relax_utils import rewrite_op_calls, static_ints
+from ..relax_utils import float_conv_operands, rewrite_op_calls
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -47,18 +47,10 @@ def _legal(call):
     a = call.attrs
     if (a.data_layout, a.kernel_layout, a.out_layout) != ("NCW", "OIW", "NCW"):
         return f"layout {a.data_layout}/{a.kernel_layout}/{a.out_layout}, not NCW/OIW/NCW"
-    x, w = call.args
-    if not isinstance(x.ty, relax.TensorType) or not isinstance(w.ty, relax.TensorType):
-        return "operand without a tensor type"
-    if x.ty.ndim != 3 or w.ty.ndim != 3 or x.ty.shape is None or w.ty.shape is None:
-        return "operand of unknown rank or shape"
-    ws = static_ints(w.ty.shape.values)
-    cl = static_ints(list(x.ty.shape.values)[1:])
-    if ws is None or cl is None:
-        return "a symbolic channel count, length or kernel width"
-    if not str(x.ty.dtype).startswith("float") or w.ty.dtype != x.ty.dtype or \
-            (str(a.out_dtype) not in ("", "void", "None") and str(a.out_dtype) != x.ty.dtype):
-        return f"dtypes {x.ty.dtype} x {w.ty.dtype} -> {a.out_dtype}"
+    operands = float_conv_operands(call, 3)
+    if isinstance(operands, str):
+        return operands
+    _xs, ws, cl = operands
     g = int(a.groups)
     pad = [int(p) for p in a.padding]
     pad = pad * 2 if len(pad) == 1 else pad

@@ -35,7 +35,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..relax_utils import dense_nchw_conv_reason, rewrite_op_calls, static_ints
+from ..relax_utils import dense_nchw_conv_reason, float_conv_operands, rewrite_op_calls
 
 log = logging.getLogger("tvmfuse.fusion")
 
@@ -48,21 +48,12 @@ def _legal(call):
         return why
     if any(int(p) != 0 for p in a.padding):
         return f"padding {[int(p) for p in a.padding]}"
-    x, w = call.args
-    if not isinstance(x.ty, relax.TensorType) or not isinstance(w.ty, relax.TensorType):
-        return "operand without a tensor type"
-    if x.ty.ndim != 4 or w.ty.ndim != 4 or x.ty.shape is None or w.ty.shape is None:
-        return "operand of unknown rank or shape"
-    ws = static_ints(w.ty.shape.values)
-    xs = list(x.ty.shape.values)
-    chw = static_ints(xs[1:])
-    if ws is None or chw is None:
-        return "a symbolic channel count or map size"
+    operands = float_conv_operands(call, 4)
+    if isinstance(operands, str):
+        return operands
+    xs, ws, chw = operands
     if ws[2:] != [1, 1]:
         return f"a {ws[2]}x{ws[3]} kernel"
-    if not str(x.ty.dtype).startswith("float") or w.ty.dtype != x.ty.dtype or \
-            (str(a.out_dtype) not in ("", "void", "None") and str(a.out_dtype) != x.ty.dtype):
-        return f"dtypes {x.ty.dtype} x {w.ty.dtype} -> {a.out_dtype}"
     c, h, wd = chw
     return xs[0], c, h, wd, ws[0], (int(a.strides[0]), int(a.strides[1]))
 

@@ -53,15 +53,15 @@ def _bindings(func):
     return {b.var: b.value for block in func.body.blocks for b in block.bindings}
 
 
-def _uses(func, var) -> int:
-    count = [0]
+def _uses(func) -> dict:
+    """{Relax var: how many times main's body mentions it}, counted in one walk."""
+    count = {}
 
     def visit(v):
-        if v.same_as(var):
-            count[0] += 1
+        count[v] = count.get(v, 0) + 1
 
     tvm_ffi.structural_walk(func.body, (relax.Var, visit), order="post")
-    return count[0]
+    return count
 
 
 def _top_level(prim) -> list[list]:
@@ -118,9 +118,8 @@ def _prim_refusal(prim, src, dst) -> str:
     return ""
 
 
-def _site(func, out_index):
+def _site(func, binds, out_index):
     """(call binding var, the call, output position j) computing main's output `out_index`, or a reason."""
-    binds = _bindings(func)
     ret = func.body.body
     ret = binds.get(ret, ret) if isinstance(ret, relax.Var) else ret
     if not isinstance(ret, relax.Tuple) or out_index >= len(ret.fields):
@@ -140,15 +139,16 @@ def _site(func, out_index):
 def _plan(mod, func, updates):
     """{call var: (call, {output j: arg index a})} of the legal pairs, and the main outputs they serve."""
     plans, served = {}, []
+    binds, uses = _bindings(func), _uses(func)
     for out_index, param_index in sorted(updates.items()):
         param = func.params[param_index]
-        site = _site(func, out_index)
+        site = _site(func, binds, out_index)
         why = site if isinstance(site, str) else ""
         if not why:
             var, call, j = site
             args = list(call.args[1].fields)
             positions = [a for a, x in enumerate(args) if x.same_as(param)]
-            if len(positions) != 1 or _uses(func, param) != 1:
+            if len(positions) != 1 or uses.get(param, 0) != 1:
                 why = "the parameter is read elsewhere in the graph"
             else:
                 prim = mod[call.args[0]]
