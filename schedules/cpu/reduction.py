@@ -20,7 +20,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from .. import row_chain
 from ..common import (block_bits, extent, inline_injective, is_reduction, lanes, schedule_spatial,
-                      schedule_spatial_block)
+                      schedule_spatial_block, store_views_in_producers)
 from ..rule import ScheduleRule
 from ..targets import CPU
 
@@ -30,6 +30,7 @@ class RowReduction(ScheduleRule):
 
     def apply(self, func, target):
         sch = s_tir.Schedule(func)
+        store_views_in_producers(sch)
         if inline_injective(sch) is None:
             return None
         chain = row_chain.analyze(sch)

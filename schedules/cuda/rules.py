@@ -31,7 +31,7 @@ from tvm import s_tir
 from tvm.s_tir import dlight as dl
 
 from .. import row_chain
-from ..common import inline_injective, is_reduction
+from ..common import inline_injective, is_reduction, store_views_in_producers
 from .inline import inlined
 from ..rule import ScheduleRule
 from ..targets import CUDA
@@ -140,6 +140,7 @@ class RowReduction(ScheduleRule):
 
     def apply(self, func, target):
         sch = s_tir.Schedule(func)
+        store_views_in_producers(sch)
         inline_injective(sch, keep=lambda sch, info: False)  # on a GPU recomputing beats a round trip
         chain = row_chain.analyze(sch)
         if chain is None or not row_chain.same_thread_mapping(sch, chain):
