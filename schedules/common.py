@@ -47,10 +47,11 @@ def inline_injective(sch, keep=None):
     return normalize_prim_func(sch)
 
 
-def single_reduction(sch):
+def single_reduction(sch, inline_views=True):
     """Inline the injective stages; (block infos, the one reduction's info) or None when the
-    function does not have exactly one reduction (the shape of a matmul or conv group)."""
-    infos = inline_injective(sch)
+    function does not have exactly one reduction (the shape of a matmul or conv group). With
+    `inline_views` False, a reshape read by the reduction stays a stage too (_costly_to_recompute)."""
+    infos = inline_injective(sch, keep=None if inline_views else _keep_views)
     reductions = [i for i in infos or [] if is_reduction(sch, i.block_rv)]
     return (infos, reductions[0]) if len(reductions) == 1 else None
 
@@ -58,14 +59,15 @@ def single_reduction(sch):
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 
 
-def _costly_to_recompute(sch, info):
+def _costly_to_recompute(sch, info, inline_views=True):
     """Stages kept as in-kernel buffers instead of inlined:
     - a pure copy (transpose, reshape) or a padding read by a reduction: inlined, the matmul
       would read its operand with strides and the conv would test the border on every multiply;
       materialised, it is a packed operand. Not a copy that moves nothing (`_is_view`: a reshape
       that drops a unit axis or merges contiguous ones): kept, it was a copy of the operand in a
       buffer of its own per call (a transformer's [1, 128, 768] -> [128, 768] before every
-      projection, 10% of GPT-J's matmul time)
+      projection, 10% of GPT-J's matmul time), unless `inline_views` is False (cpu.Matmul when
+      pad_einsum needs the operand read at plain indices)
     - a stage read by several consumers that calls a transcendental (exp in softmax): inlining
       would evaluate it once per consumer"""
     consumers = sch.get_consumers(info.block_rv)
@@ -74,10 +76,15 @@ def _costly_to_recompute(sch, info):
     is_copy = isinstance(value, tvm.ir.TensorLoad)  # what tirx.BufferLoad builds in 0.27
     is_pad = isinstance(value, tvm.ir.Call) and value.op.same_as(_IF_THEN_ELSE)
     if (is_copy or is_pad) and any(is_reduction(sch, c) for c in consumers):
-        return not (is_copy and _is_view(sch.get(info.block_rv), body))
+        return not (inline_views and is_copy and _is_view(sch.get(info.block_rv), body))
     if len(consumers) < 2:
         return False
     return any(f"T.{name}(" in str(body) for name in CPU["costly_intrinsics"])
+
+
+def _keep_views(sch, info):
+    """_costly_to_recompute, and a view read by a reduction is kept as well."""
+    return _costly_to_recompute(sch, info, inline_views=False)
 
 
 def _flat_index(indices, shape):

@@ -259,3 +259,24 @@ def test_a_view_reshape_is_read_in_place_and_a_transposing_copy_stays_a_stage(tr
     _rule, (out,) = _scheduled_and_run(func, [x, w], [(16, 64)])
     a = x[0].T if transpose else x[0]
     np.testing.assert_allclose(out, a.astype("float64") @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_ragged_matmul_read_through_a_reshape_is_padded_from_a_copy():
+    """Swin's window projection: A is [4, 49, 32] viewed as [196, 32]; 196 rows are padded to whole
+    micro-kernel tiles (pad_einsum), which needs A read at plain indices, so the view is kept as
+    a copy stage there rather than the kernel going to cpu.Fallback's naive loops."""
+    from tvm import topi
+
+    x = te.placeholder((4, 49, 32), name="x")
+    a = topi.reshape(x, (196, 32))
+    w = te.placeholder((32, 48), name="w")
+    k = te.reduce_axis((0, 32), name="k")
+    m = te.compute((196, 48), lambda i, j: te.sum(a[i, k] * w[k, j], axis=k), name="matmul")
+    out = topi.reshape(m, (4, 49, 48))
+    func = te.create_prim_func([x, w, out])
+    rng = np.random.default_rng(3)
+    xs, ws = rng.standard_normal((4, 49, 32)).astype("float32"), rng.standard_normal((32, 48)).astype("float32")
+    rule, (got,) = _scheduled_and_run(func, [xs, ws], [(4, 49, 48)])
+    assert rule == "cpu.Matmul"
+    np.testing.assert_allclose(got, (xs.reshape(196, 32).astype("float64") @ ws).reshape(4, 49, 48),
+                               rtol=1e-5, atol=1e-5)

@@ -27,6 +27,7 @@ import logging
 
 import tvm
 from tvm import s_tir
+from tvm.s_tir import ScheduleError
 
 from ..common import (block_bits, extent, lanes, pack_at_build_time, schedule_spatial_block, single_reduction,
                       uniform_index_dtype)
@@ -47,8 +48,16 @@ class Matmul(ScheduleRule):
         if func is None:
             log.debug("%s declines: int32 and int64 indices that cannot be narrowed to int32", self.name)
             return None
+        try:
+            return self._schedule(func, inline_views=True)
+        except ScheduleError as err:  # pad_einsum wants plain operand reads: a ragged M read through a
+            # reshape ([4, 49, 384] -> [196, 384], Swin's windows) keeps the reshape as a copy stage
+            log.debug("%s: %s; again with the operand views as copies", self.name, str(err).splitlines()[0])
+            return self._schedule(func, inline_views=False)
+
+    def _schedule(self, func, inline_views):
         sch = s_tir.Schedule(func)
-        found = single_reduction(sch)
+        found = single_reduction(sch, inline_views)
         if found is None or not _is_matmul(sch, found[1]):
             return None
         infos, red = found
