@@ -21,14 +21,13 @@ them again unchanged (its decompositions have nothing left to do), and the conve
 importer, the torch fixes and `finish` are shared with every other torch import. Driving TVM's
 ExportedProgramImporter directly would need a hand-made ExportedProgram (graph signature, range
 constraints) for the same result. Before export, a graph's outputs are reduced to what TVM computes:
-`None` (the gradient of an input that needs none) and an input returned as is (a parameter the
-forward saves for the backward) are handed back by the runtime wrapper without the compiled module,
-and an output returned twice is computed once. AOT's compilers get FakeTensors: export gets zeros of
-the same shapes and dtypes.
-
-Outputs keep the strides AOT recorded for them where those are a permutation of contiguous ones (a
-saved `permute` is returned with its strides), so AOT's view replay and the backward see the layout
-they traced; an overlapping layout (an `expand`) is returned contiguous with the same values.
+`None` (the gradient of an input that needs none), an input returned as is and a view of one (a
+weight, or its transpose, saved for the backward: torch_views.py) are handed back by the runtime
+wrapper without the compiled module, and an output returned twice is computed once. AOT's
+compilers get FakeTensors: export gets zeros of the same shapes and dtypes. Computed outputs keep
+the strides AOT recorded where those are a permutation of contiguous ones (a saved `permute` of an
+activation), so AOT's view replay and the backward see the layout they traced; an overlapping
+layout (an `expand`) is returned contiguous with the same values.
 
 What runs eagerly (a graph with symbolic sizes, a CPU-less input, an op TVM cannot convert, a
 build error) is the ATen graph itself, recorded with its reason like the inference route's graphs
@@ -52,7 +51,7 @@ import torch
 
 from ..build import build
 from ..passes.update_in_place import aliased_outputs, offer_updates
-from . import torch_records, torch_tensors
+from . import torch_records, torch_tensors, torch_views
 from .torch_aten import import_aten
 from .torch_grad_converters import GRAD_CONVERTERS
 from .torch_records import GraphRecord
@@ -84,8 +83,9 @@ def refusal(example_inputs) -> str:
 
 
 def _plan_outputs(gm):
-    """(how each output is produced: ("none",), ("input", i) or ("computed", k, strides or None);
-    the computed nodes in order): None, inputs and duplicates are not computed."""
+    """(how each output is produced: ("none",), ("input", i), ("view", i, steps) or ("computed", k,
+    strides or None); the computed nodes in order): None, inputs, views of inputs (torch_views.py)
+    and duplicates are not computed."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     out = next(n for n in gm.graph.nodes if n.op == "output")
     values = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
@@ -97,6 +97,8 @@ def _plan_outputs(gm):
             raise NotImplementedError(f"the graph returns a {type(v).__name__} ({v!r}), not a tensor")
         elif v.op == "placeholder":
             specs.append(("input", placeholders.index(v)))
+        elif (view := torch_views.input_view(v, placeholders)) is not None:  # a saved weight transpose
+            specs.append(("view", *view))
         else:
             if v not in computed:
                 computed.append(v)
@@ -163,7 +165,7 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
         _check_outputs(mod, computed)
         # the new values of updated inputs (torch_update.py), offered to passes/update_in_place.py; not an
         # input the graph also returns as it is (written in place, that output would read the new value)
-        returned = {s[1] for s in specs if s[0] == "input"}
+        returned = {s[1] for s in specs if s[0] in ("input", "view")}
         marks = {specs[o][1]: i for o, i in (updates or {}).items() if specs[o][0] == "computed" and i not in returned}
         mod = offer_updates(mod, marks)
         compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
@@ -179,6 +181,8 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
                 results.append(None)
             elif spec[0] == "input":
                 results.append(args[spec[1]])
+            elif spec[0] == "view":
+                results.append(torch_views.replay(args[spec[1]], spec[2]))
             else:
                 t = outs[spec[1]]
                 if spec[2] is not None:  # the layout AOT traced (a saved transpose)
