@@ -36,6 +36,24 @@ def test_quick_train_bench_on_the_mlp_writes_json_and_markdown(tmp_path):
     assert inductor["forward+backward"] > 0 and inductor["optimizer"] > 0
     assert row["bytes"]["tvmfuse"] > 0 and "optimizer step built by tvmfuse" in row["notes"]["tvmfuse"]
     assert "| mlp | sgd |" in p.stdout and "| mlp | sgd |" in md.read_text()
+    # the optimizer step alone against its bound: 4256 parameters, SGD with momentum reads each
+    # parameter, gradient and momentum and writes the parameter and momentum (5 x 4 bytes)
+    assert row["opt_bytes"] == 5 * 4 * 4256 and row["bound_ms"] > 0
+    assert set(row["opt_ms"]) == systems and all(v > 0 for v in row["opt_ms"].values())
+    assert "memory bandwidth" in p.stdout and "optimizer bytes bound ms" in md.read_text()
+
+
+def test_optimizer_bytes_count_the_state_of_each_parameter():
+    import torch
+
+    from tvmfuse.bench.train import _update_bytes
+
+    w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.nn.Parameter(torch.randn(4))
+    opt = torch.optim.AdamW([w, b])
+    assert _update_bytes(opt) == 0  # no gradient yet: nothing to update
+    (w.sum() + b.sum()).backward()
+    opt.step()  # exp_avg and exp_avg_sq per parameter, and a scalar step that is not counted
+    assert _update_bytes(opt) == 7 * 4 * (32 + 4)
 
 
 def test_train_bench_rejects_unknown_names():

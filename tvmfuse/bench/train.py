@@ -26,6 +26,10 @@ copy-backs (`copy_back`: one copy_ per updated tensor the build could not write 
 passes/update_in_place.py; where an update graph ran eagerly, the
 optimizer part is eager's ATen op count instead, noted). Bytes moved per step: tvmfuse's
 builds' kernels' reads and writes (runtime/metrics.py bytes_moved); the peers have no such measure.
+
+The optimizer step is also timed alone (`opt_ms`, in the same rounds) against its bound: its least
+bytes (`_update_bytes`: parameters, gradients and state read, parameters and state written) over
+the memory bandwidth measured in the same run (runtime/roofline.py).
 """
 from __future__ import annotations
 
@@ -57,6 +61,9 @@ class TrainRow:
     compile_s: dict = field(default_factory=dict)  # system -> seconds of the first step
     notes: dict = field(default_factory=dict)  # system -> what runs eagerly, and why
     samples: dict = field(default_factory=dict)  # system -> timing samples the median is over
+    opt_ms: dict = field(default_factory=dict)  # system -> median ms of the optimizer step alone
+    opt_bytes: int = 0  # the optimizer step's least bytes: parameters, gradients and state read, written
+    bound_ms: float | None = None  # opt_bytes over the run's measured memory bandwidth
 
     def ratio(self, a, b):
         """How many times faster a is than b."""
@@ -230,26 +237,48 @@ def measure(name, optimizer, systems=SYSTEMS, rounds=7, budget_s=0.2) -> TrainRo
         for d in (row.compile_s, row.ok, row.parts, row.launches):
             d.pop("torch")
         steps.pop("torch")
-    samples, order = {s: [] for s in steps}, list(steps)
+    order = list(steps)
+    row.opt_bytes = _update_bytes(steps[order[0]].opt)
+    samples, opt = {s: [] for s in steps}, {s: [] for s in steps}
     for i in range(rounds):
         for s in order[i % len(order):] + order[: i % len(order)]:
             samples[s].append(_time(steps[s].step, budget_s))
+            opt[s].append(_time(steps[s].opt_step, budget_s / 4))
     row.ms = {s: statistics.median(v) * 1e3 for s, v in samples.items()}
+    row.opt_ms = {s: statistics.median(v) * 1e3 for s, v in opt.items()}
     row.samples = {s: len(v) for s, v in samples.items()}
     return row
+
+
+def _update_bytes(opt) -> int:
+    """The least bytes an optimizer step moves: each parameter with a gradient read, with its
+    gradient and its state tensors of the parameter's shape (SGD's momentum, AdamW's two moments;
+    not a scalar step count), and the parameter and that state written: (3 + 2k) x its bytes."""
+    total = 0
+    for group in opt.param_groups:
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            k = sum(1 for v in opt.state.get(p, {}).values() if hasattr(v, "shape") and v.shape == p.shape)
+            total += (3 + 2 * k) * p.numel() * p.element_size()
+    return total
 
 
 def table(rows, systems) -> str:
     """The markdown table: ms per step, launches per step, tvmfuse's bytes, and the ratio to Inductor."""
     head = ["workload", "optimizer"] + [f"{s} ms" for s in systems] + [f"{s} launches" for s in systems]
-    head += ["tvmfuse MB/step", "tvmfuse vs torch.compile", "ok"]
+    head += ["tvmfuse MB/step", "tvmfuse vs torch.compile", "optimizer step ms: " + " / ".join(systems),
+             "optimizer bytes bound ms", "tvmfuse optimizer / bound", "ok"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r.workload, r.optimizer] + [f"{r.ms[s]:.3f}" if s in r.ms else "-" for s in systems]
         cells += [str(r.launches.get(s, "-")) for s in systems]
         ratio = r.ratio("tvmfuse", "torch.compile")
-        cells += [f"{r.bytes['tvmfuse'] / 1e6:.2f}" if "tvmfuse" in r.bytes else "-",
-                  f"{ratio:.2f}x" if ratio else "-", "yes" if all(r.ok.values()) else "NO"]
+        cells += [f"{r.bytes['tvmfuse'] / 1e6:.2f}" if "tvmfuse" in r.bytes else "-", f"{ratio:.2f}x" if ratio else "-",
+                  " / ".join(f"{r.opt_ms[s]:.3f}" if s in r.opt_ms else "-" for s in systems),
+                  f"{r.bound_ms:.3f}" if r.bound_ms else "-",
+                  f"{r.opt_ms['tvmfuse'] / r.bound_ms:.2f}x" if r.bound_ms and "tvmfuse" in r.opt_ms else "-",
+                  "yes" if all(r.ok.values()) else "NO"]
         lines.append("| " + " | ".join(cells) + " |")
     ratios = [r.ratio("tvmfuse", "torch.compile") for r in rows]
     ratios = [x for x in ratios if x]
@@ -284,10 +313,16 @@ def run(args) -> int:
         args.rounds, args.budget = 3, 0.02
     t0 = time.time()
     rows = [measure(n, o, systems, args.rounds, args.budget) for n in names for o in optimizers]
+    from ..runtime.roofline import bandwidth_gbs
+
+    bandwidth = max(bandwidth_gbs().values())  # GB/s, the faster of numpy's add and a TVM triad
+    for r in rows:
+        r.bound_ms = r.opt_bytes / bandwidth / 1e6
     record = machine.record("llvm")
     timing = f"{runtime_threads()} threads for every system"
     header = (f"training step (forward, backward, optimizer), {timing}, {args.rounds} rounds x {args.budget}s "
-              f"per system, {time.time() - t0:.0f}s in all\n\n{machine.describe(record)}")
+              f"per system, {time.time() - t0:.0f}s in all; memory bandwidth {bandwidth:.1f} GB/s (the optimizer "
+              f"step's bound: its least bytes over it)\n\n{machine.describe(record)}")
     text = table(rows, systems)
     notes = sorted({f"{s}: {n}" for r in rows for s, n in r.notes.items()})
     text += "".join(f"\n- {n}" for n in notes)
