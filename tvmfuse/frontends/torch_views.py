@@ -22,13 +22,11 @@ def input_view(node, placeholders):
         target = node.target
         if not getattr(target, "is_view", False) or node.kwargs or not node.args:
             return None
-        rest = node.args[1:]
-        if any(_has_node(a) for a in rest):
+        source = node.args[0]
+        if not isinstance(source, torch.fx.Node) or node.all_input_nodes != [source]:
             return None  # a size or index computed in the graph: not a constant view
-        steps.append((target, rest))
-        node = node.args[0]
-        if not isinstance(node, torch.fx.Node):
-            return None
+        steps.append((target, node.args[1:]))
+        node = source
     if node.op != "placeholder" or not steps:
         return None
     return placeholders.index(node), steps[::-1]
@@ -39,10 +37,3 @@ def replay(tensor, steps):
         tensor = target(tensor, *rest)
     return tensor
 
-
-def _has_node(arg) -> bool:
-    if isinstance(arg, torch.fx.Node):
-        return True
-    if isinstance(arg, (list, tuple)):
-        return any(_has_node(a) for a in arg)
-    return False
