@@ -274,7 +274,7 @@ def test_a_new_batch_size_trains_eagerly_with_the_reason():
 def test_a_failing_compiled_call_runs_that_call_eagerly(monkeypatch, caplog):
     """A run-time error of a built graph (a bug) never reaches the user: that call runs the ATen
     graph eagerly, with a WARNING and the reason recorded."""
-    from tvmfuse.build import Compiled
+    from tvmfuse.frontends import torch_tensors
 
     model, x = _mlp()
     compiled = _train(model, x, "sgd", steps=1)
@@ -282,7 +282,7 @@ def test_a_failing_compiled_call_runs_that_call_eagerly(monkeypatch, caplog):
     def broken(*tensors):
         raise RuntimeError("kernel exploded")
 
-    monkeypatch.setattr(Compiled, "_main", lambda self: broken)  # the VM's main, as every call reaches it
+    monkeypatch.setattr(torch_tensors, "_main", lambda compiled: broken)  # the VM's main, as every call reaches it
     ref = copy.deepcopy(model)
     w = torch.randn(8, 32)
     model.zero_grad()

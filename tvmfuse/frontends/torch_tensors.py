@@ -6,7 +6,8 @@ as it is (dense, row-major, its data 64-byte aligned: TVM's kernels assume the a
 the VM as the torch tensor itself, which tvm-ffi passes through DLPack, and the outputs come back as
 torch tensors viewing TVM's memory; any other input is made dense by torch first (`_dense`). An
 output that shares memory with an input (a graph that returns an input) is cloned, so the caller's tensors never alias
-each other unexpectedly. Per call this costs about 18 µs for 11 inputs, against 144 µs through
+each other unexpectedly. The kernels run on PyTorch's OpenMP threads where that can be set up
+(torch_threads.py). Per call this costs about 18 µs for 11 inputs, against 144 µs through
 tvm.runtime Tensors with Compiled's checks and several hundred through numpy copies (a compiled
 optimizer step over 18 tensors spent 0.8 ms in them against 57 µs for eager PyTorch's whole step).
 """
@@ -14,6 +15,8 @@ from __future__ import annotations
 
 import torch
 import tvm
+
+from . import torch_threads
 
 TVM_ALIGNMENT = 64  # bytes: tvm.runtime.from_dlpack's requirement (and what TVM's buffers declare)
 
@@ -43,6 +46,16 @@ def _dense(t: torch.Tensor):
     return to_tvm(t)
 
 
+def _main(compiled):
+    """`compiled`'s main for this thread, its kernels on PyTorch's OpenMP threads where that can be
+    set up (torch_threads.py), else the build's own (TVM's thread pool)."""
+    local = compiled._local
+    main = getattr(local, "torch_main", None)
+    if main is None:
+        main = local.torch_main = torch_threads.main_on_torch_threads(compiled) or compiled._main()
+    return main
+
+
 def call(compiled, tensors, donated=frozenset()) -> tuple:
     """Run `compiled` on torch tensors; its outputs as torch tensors (see the module docstring).
     An output in the memory of an input whose index is in `donated` (an update written in place,
@@ -52,7 +65,7 @@ def call(compiled, tensors, donated=frozenset()) -> tuple:
     report."""
     args = [t if t.data_ptr() % TVM_ALIGNMENT == 0 and t.is_contiguous() and t.numel() else _dense(t)
             for t in tensors]
-    out = compiled._main()(*args)  # tvm-ffi takes torch tensors through DLPack and returns torch tensors
+    out = _main(compiled)(*args)  # tvm-ffi takes torch tensors through DLPack and returns torch tensors
     outs = (out,) if isinstance(out, (torch.Tensor, tvm.runtime.Tensor)) else tuple(out)
     ptrs = {t.data_ptr() for i, t in enumerate(tensors) if t.numel() and i not in donated}
     result = []

@@ -27,7 +27,8 @@ wrapper without the compiled module, and an output returned twice is computed on
 compilers get FakeTensors: export gets zeros of the same shapes and dtypes. Computed outputs keep
 the strides AOT recorded where those are a permutation of contiguous ones (a saved `permute` of an
 activation), so AOT's view replay and the backward see the layout they traced; an overlapping
-layout (an `expand`) is returned contiguous with the same values.
+layout (an `expand`) is returned contiguous with the same values. An input that is a permuted
+dense tensor (a saved weight transpose) is taken as its base, permuted in the graph (torch_layouts.py).
 
 What runs eagerly (a graph with symbolic sizes, a CPU-less input, an op TVM cannot convert, a
 build error) is the ATen graph itself, recorded with its reason like the inference route's graphs
@@ -51,7 +52,7 @@ import torch
 
 from ..build import build
 from ..passes.update_in_place import aliased_outputs, offer_updates
-from . import torch_records, torch_tensors, torch_views
+from . import torch_layouts, torch_records, torch_tensors, torch_views
 from .torch_aten import import_aten
 from .torch_grad_converters import GRAD_CONVERTERS
 from .torch_records import GraphRecord
@@ -158,10 +159,14 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
     specs, computed = _plan_outputs(gm)
     compiled = None
     donated = frozenset()
+    orders = {}  # permuted inputs taken as their dense base (torch_layouts.py)
     if computed:
+        graph = _computing_graph(gm, computed)
+        orders = torch_layouts.take_dense_bases(graph, example_inputs)
+        info = _info(torch_layouts.bases(example_inputs, orders))
         real = [torch.zeros(shape, dtype=getattr(torch, dtype)) for shape, dtype in info]
         with torch.no_grad():
-            mod = import_aten(_computing_graph(gm, computed), real, info, {}, custom_convert_map=GRAD_CONVERTERS)
+            mod = import_aten(graph, real, info, {}, custom_convert_map=GRAD_CONVERTERS)
         _check_outputs(mod, computed)
         # the new values of updated inputs (torch_update.py), offered to passes/update_in_place.py; not an
         # input the graph also returns as it is (written in place, that output would read the new value)
@@ -174,7 +179,7 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
 
     def run(args):
         args = list(args)
-        outs = torch_tensors.call(compiled, args, donated) if compiled is not None else ()
+        outs = torch_tensors.call(compiled, torch_layouts.bases(args, orders), donated) if compiled is not None else ()
         results = []
         for spec in specs:
             if spec[0] == "none":
@@ -369,13 +374,8 @@ class TrainingBuild:
     def of_kind(self, kind: str) -> list:
         return [r.compiled for r in self.records if r.kind == kind]
 
-    @property
-    def forward(self) -> list:
-        return self.of_kind("forward")
-
-    @property
-    def backward(self) -> list:
-        return self.of_kind("backward")
+    forward = property(lambda self: self.of_kind("forward"))
+    backward = property(lambda self: self.of_kind("backward"))
 
     def launches(self) -> int:
         """Kernel launches of one training step's compiled graphs (forward and backward)."""
