@@ -18,9 +18,10 @@ def test_zoo_matches_numpy(name, fusion):
     assert_matches(c(*w.inputs()), w.reference(*w.inputs()), w.rtol, w.atol)
 
 
-# exact static launch counts (call_tir sites in main)
+# exact static launch counts (call_tir sites in main, less the reshapes lowering makes views: the
+# unfused attention's 4 head splits and merges)
 NONE = {"bias_relu_dropout": 3, "softmax_chain": 4, "softmax_decomposed": 5, "layernorm_decomposed": 9,
-        "multi_reduce": 5, "attention": 13}
+        "multi_reduce": 5, "attention": 9}
 TVM = {"bias_relu_dropout": 1, "softmax_chain": 2, "softmax_decomposed": 4, "layernorm_decomposed": 3,
        "rmsnorm_residual": 3, "multi_reduce": 4, "mlp_block": 2, "attention": 7}
 

@@ -98,8 +98,15 @@ class Compiled:
 
     # ------------------------------------------------------------------ inspection
     def call_sites(self, function: str | None = None) -> list[str]:
-        """Kernels called by `function` (default: main, or the generic version of a bucketed build)."""
-        return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.mod[function or self.kernel_function])]
+        """Kernels called by `function` (default: main, or the generic version of a bucketed build):
+        the call sites the VM runs, not the reshapes lowering turns into views of their input."""
+        return [gv.name_hint for _, gv, _, _ in call_tir_sites(self.launched[function or self.kernel_function])]
+
+    @cached_property
+    def launched(self) -> tvm.IRModule:
+        """The module as lowering will call its kernels: TVM's RewriteDataflowReshape (the first of
+        its dataflow lowering passes) makes a kernel that only reshapes a view, which launches nothing."""
+        return relax.transform.RewriteDataflowReshape()(self.mod)
 
     def rules(self, function: str | None = None) -> list[str]:
         """The schedule rule (`tvmfuse.rule`) of the kernel of each call site of `function`, in

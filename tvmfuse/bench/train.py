@@ -199,7 +199,7 @@ def _count(row, system, step, model_w, opt_w):
         else:  # an update graph ran eagerly: count eager's ATen ops for the step
             parts["optimizer"] = _aten_ops(step.opt.step)
             notes.insert(0, "optimizer step (partly) in eager PyTorch: its launches are eager's ATen ops")
-        row.bytes[system] = sum(bytes_moved(c.mod, c.kernel_function)[0] for cs in builds.values() for c in cs)
+        row.bytes[system] = sum(bytes_moved(c.launched, c.kernel_function)[0] for cs in builds.values() for c in cs)
         row.notes[system] = "; ".join(notes)
     row.parts[system] = parts
     row.launches[system] = sum(v for k, v in parts.items() if k != "generated_kernel_count")

@@ -109,7 +109,7 @@ def _reduction_space(g, members, knobs):
         if n.cls == REDUCTION:
             continue
         ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ()))
-        if not ok and _relabels_a_reduction(g, members, n):
+        if not ok and (_relabels_a_reduction(g, members, n) or trailing and _regroups_rows(g, members, n, row)):
             continue
         if not ok:
             return (f"{n.name} ({n.op}, shape {list(n.dims or [])}) does not iterate over the rows "
@@ -129,6 +129,22 @@ def _relabels_a_reduction(g, members, n) -> bool:
     srcs = [g.by_idx[p] for p in g.producers[n.idx] if p in members]
     return len(srcs) == 1 and srcs[0].cls == REDUCTION and srcs[0].shape is not None and \
         _count(srcs[0].shape) == _count(n.shape) and len(g.producers[n.idx]) == 1
+
+
+def _regroups_rows(g, members, n, row) -> bool:
+    """Whether `n` reshapes a member that iterates over the rows by regrouping the row dims only,
+    its trailing dims kept ([4, 128, 256] -> [512, 256] over rows [4, 128]: a norm's output
+    flattened for the Linear after it). Element for element it is the same row-major order, so each
+    row of the kernel is still whole rows of the output; the row rules store through such a view
+    (schedules/common.store_views_in_producers)."""
+    if n.op not in _RELABEL or n.shape is None or len(g.producers[n.idx]) != 1:
+        return False
+    src = g.by_idx[next(iter(g.producers[n.idx]))]
+    if src.idx not in members or src.shape is None or not _compatible(src.dims, row):
+        return False
+    tail = tuple(src.shape[len(row):])
+    lead = tuple(n.shape[: len(n.shape) - len(tail)])
+    return tuple(n.shape[len(lead):]) == tail and _count(lead) == _count(src.shape[: len(row)])
 
 
 def _count(shape) -> int:

@@ -18,7 +18,8 @@ schedule: 1007 ms a call against 90 for the matmul on its own). A
 producer fused in front of a compute-heavy op must not be used outside the merged group as well
 (AOTAutograd saves a Linear's transposed weight for the backward graph): it would be a second
 output written from the operand side of the matmul, which the matmul rules do not store, so the
-group took the fallback schedule. `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
+group took the fallback schedule. A group of views (reshapes) is not fused after a value the other group
+writes anyway: alone it costs nothing, fused it is a copy. `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..relax_utils import planning_bytes
 TRANSPOSES = ("permute_dims", "transpose")  # layout ops that move data (a reshape only renames it)
 CASTS = ("astype",)  # dtype conversions: read through by an anchor, not recomputed work
 GATHERS = ("take",)  # data-dependent reads: never in front of a compute-heavy op
+VIEWS = ("reshape", "squeeze", "expand_dims", "flatten")  # rename a tensor's axes: a free view alone
 
 
 def _feeds_anchor(g, merged):
@@ -43,6 +45,22 @@ def _feeds_anchor(g, merged):
                 up.add(m)
                 grew = True
     return up - anchors
+
+
+def _copies_a_view(g, a, b, merged):
+    """The reason to refuse when one group holds only views (reshapes) of a value the other writes
+    anyway (it is used outside the merged group): standing alone a view is free (a Relax reshape of
+    a kernel's output is no kernel), fused it would be a second output, a copy of the first (a
+    norm's output [4, 128, 256] also stored as the [512, 256] each Linear of the next layer reads)."""
+    for src, dst in ((a, b), (b, a)):
+        if not all(g.by_idx[i].op in VIEWS for i in dst):
+            continue
+        for p in src:
+            if g.users[p] & dst and (g.external_uses[p] or g.users[p] - merged):
+                v = g.by_idx[min(g.users[p] & dst)]
+                return (f"{v.name} ({v.op}) only renames {g.by_idx[p].name}, which is written anyway: alone it "
+                        "is a free view, fused it would be a copy")
+    return None
 
 
 def score(g, a: set, b: set, knobs, shared_inputs=()):
@@ -77,6 +95,9 @@ def score(g, a: set, b: set, knobs, shared_inputs=()):
         return None, (f"{n.name} ({n.op}) feeds compute-heavy {anchor} and is used outside the group too "
                       "(a transposed weight a backward graph saves): it would be a second output, written "
                       "from inside the matmul's operand packing, which no matmul rule does")
+    why = _copies_a_view(g, a, b, merged)
+    if why:
+        return None, why
     for src, dst in ((a, b), (b, a)):
         for p in src:
             crossing = g.users[p] & dst

@@ -241,7 +241,7 @@ def measure(compiled, inputs, run: bool = True, repeat: int = 15) -> Measurement
     """Static figures always; dynamic launches and latency when `run` and the device exists."""
     install_once()
     fn = compiled.function_for(inputs)  # main, or the version of a bucketed build these inputs run
-    nbytes, reads, writes = bytes_moved(compiled.mod, fn)
+    nbytes, reads, writes = bytes_moved(compiled.launched, fn)
     m = Measurement(compiled.fusion, compiled.launches_of(fn), None, nbytes, reads, writes,
                     planned_peak(compiled.mod, fn), unplanned_peak(compiled.mod, fn))
     if run:
