@@ -320,3 +320,19 @@ def test_sgd_step_compiled_by_the_backend_updates_the_parameters_as_eager(caplog
     assert "left to eager PyTorch" not in caplog.text and "runs in eager PyTorch" not in caplog.text
     updates = [r for r in torch_records.RECORDS if r.kind == "update" and r.root[1] == "step"][-2:]
     assert len(updates) == 2 and all(r.compiled is not None and r.compiled.launches == 1 for r in updates)
+
+
+def test_batchnorm_running_statistics_are_joined_into_one_kernel():
+    """A train-mode BatchNorm's running mean and variance updates are small independent elementwise
+    chains, one per BatchNorm: the training route turns horizontal fusion on, so the forward build
+    joins them (six BatchNorms of resnet-tiny: one horizontal group, not one kernel per update).
+    The numerics are test_models_train_with_eager_gradients_at_every_step's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    build = torch_train.compile_training(_resnet_module().train(), torch.randn(2, 3, 16, 16))
+    (forward,) = build.forward
+    joined = [g for g in forward.plan.groups if g.merges.count("horizontal") >= 5]
+    assert joined, [(g.kind, g.merges) for g in forward.plan.groups]
+    with_horizontal_off = torch_train.compile_training(_resnet_module().train(), torch.randn(2, 3, 16, 16),
+                                                       options={"horizontal": False})
+    assert forward.launches < with_horizontal_off.forward[0].launches

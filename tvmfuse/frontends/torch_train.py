@@ -335,9 +335,11 @@ def _warn_on_create_graph(fn, record):
 
 def train_backend(gm, example_inputs, options: dict, fallback: str, new_record):
     """The training route for one dynamo graph: AOTAutograd with tvmfuse's compilers.
-    `new_record(kind, ops)` makes the GraphRecord of one ATen graph."""
+    `new_record(kind, ops)` makes the GraphRecord of one ATen graph. Horizontal fusion is on (the
+    knob `horizontal`): a train-mode BatchNorm's running statistics are small independent updates."""
     from torch._dynamo.backends.common import aot_autograd
 
+    options = {"horizontal": True, **options}
     return aot_autograd(fw_compiler=_compiler("forward", options, fallback, new_record),
                         bw_compiler=_compiler("backward", options, fallback, new_record),
                         inference_compiler=_compiler("inference", options, fallback, new_record),
