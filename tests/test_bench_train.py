@@ -80,3 +80,21 @@ def test_inductor_kernel_calls_are_counted_in_its_generated_call(tmp_path):
                    "        return (buf6, )\n\n"
                    "def benchmark_compiled_module(times=10):\n    cpp_fused_gelu_0(x)\n")
     assert _inductor_calls([types.SimpleNamespace(__file__=str(src))]) == 3
+
+
+def test_the_parameter_check_allows_adams_noise_steps_but_not_sgds():
+    """After the warm-up steps: AdamW's parameters may differ from eager's by 1% of the distance the
+    steps can move them (lr per step, whatever the gradient), SGD's only within rtol/atol."""
+    import types
+
+    import torch
+
+    from tvmfuse.bench import train
+
+    w = torch.nn.Parameter(torch.zeros(4))
+    noise = train.NORMALIZED_STEP_TOL * 1e-3 * train.WARMUP_STEPS / 2  # half the allowance at lr 1e-3
+    for opt, ok in ((torch.optim.AdamW([w], lr=1e-3), True), (torch.optim.SGD([w], lr=1e-3), False)):
+        step = types.SimpleNamespace(opt=opt, model=types.SimpleNamespace(parameters=lambda: [w]))
+        assert train._params_close(step, [torch.full((4,), noise)]) is ok
+    adam = types.SimpleNamespace(opt=torch.optim.AdamW([w], lr=1e-3), model=types.SimpleNamespace(parameters=lambda: [w]))
+    assert not train._params_close(adam, [torch.full((4,), 4 * noise)])

@@ -47,6 +47,12 @@ BACKENDS = {"torch": None, "torch.compile": "inductor", "tvmfuse": "tvmfuse"}  #
 OPT_BACKENDS = {"torch": None, "torch.compile": "inductor", "tvmfuse": "tvmfuse"}  # the optimizer step's
 WARMUP_STEPS = 3
 RTOL, ATOL = 1e-3, 1e-5  # parameters after WARMUP_STEPS against eager's (atol: of each tensor's largest entry)
+# Adam and AdamW move each parameter by about lr a step whatever its gradient's size, so a gradient
+# that is rounding noise in every system moves it by up to lr in a direction no two systems agree on
+# (BERT's key bias: softmax ignores it, its gradient is 0 in exact arithmetic, and Inductor's
+# parameters left eager's as far as tvmfuse's). Their parameters are also allowed this share of the
+# distance the warm-up steps can move them (lr * WARMUP_STEPS); SGD's steps scale with the gradient.
+NORMALIZED_STEP_TOL = 1e-2
 
 
 @dataclass
@@ -208,8 +214,11 @@ def _count(row, system, step, model_w, opt_w):
 def _params_close(step, reference) -> bool:
     import torch
 
+    moved = 0.0
+    if isinstance(step.opt, (torch.optim.Adam, torch.optim.AdamW)):
+        moved = NORMALIZED_STEP_TOL * step.opt.param_groups[0]["lr"] * WARMUP_STEPS
     with torch.no_grad():
-        return all(torch.allclose(p, q, rtol=RTOL, atol=ATOL * float(q.abs().max()) + 1e-7)
+        return all(torch.allclose(p, q, rtol=RTOL, atol=ATOL * float(q.abs().max()) + 1e-7 + moved)
                    for p, q in zip(step.model.parameters(), reference))
 
 
