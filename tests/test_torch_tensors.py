@@ -61,3 +61,36 @@ def test_call_tensors_checks_its_inputs_like_numpy_ones(compiled):
         compiled.call_tensors(x, tvm.runtime.from_dlpack(torch.randn(4, 8, dtype=torch.float64)))
     s, same = compiled.call_tensors(x, x)
     np.testing.assert_allclose(s.numpy(), 2 * x.numpy())
+
+
+def test_outputs_written_in_place_are_returned_as_their_inputs():
+    """An output the build writes into an input (passes/update_in_place.py) comes back as the
+    caller's input tensor itself, holding the new value; an input that had to be copied (strided)
+    leaves its output to come from the VM, and the caller's tensor untouched."""
+    from tvmfuse.passes.update_in_place import UPDATES
+
+    p, g, m = (relax.Var(n, relax.TensorType((8, 16), "float32")) for n in ("p", "g", "m"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [p, g, m]):  # SGD with momentum: m' = 0.9 m + g; p' = p - 0.1 m'
+        with bb.dataflow():
+            m2 = bb.emit(relax.op.add(relax.op.multiply(m, relax.const(0.9, "float32")), g))
+            p2 = bb.emit(relax.op.subtract(p, relax.op.multiply(m2, relax.const(0.1, "float32"))))
+            out = bb.emit_output(relax.Tuple([p2, m2]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mod["main"] = mod["main"].with_attr(UPDATES, {0: 0, 1: 2})
+    built = tvmfuse.build(mod, "llvm", "tvmfuse")
+    donated = {0: 0, 1: 2}
+    p, g, m = (torch.randn(8, 16) for _ in range(3))
+    want_m = 0.9 * m + g
+    want_p = p - 0.1 * want_m
+    p0, m0 = p.clone(), m.clone()
+    new_p, new_m = torch_tensors.call(built, [p, g, m], donated)
+    assert new_p is p and new_m is m
+    torch.testing.assert_close(p, want_p)
+    torch.testing.assert_close(m, want_m)
+    strided = torch.empty(16, 8).t().copy_(p0)  # not contiguous: made dense before the call
+    new_p, new_m = torch_tensors.call(built, [strided, g, m0.clone()], donated)
+    assert new_p is not strided
+    torch.testing.assert_close(new_p, want_p)
+    torch.testing.assert_close(strided, p0)

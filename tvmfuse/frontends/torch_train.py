@@ -158,7 +158,7 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
     _refuse_random(gm)
     specs, computed = _plan_outputs(gm)
     compiled = None
-    donated = frozenset()
+    donated = {}
     orders = {}  # permuted inputs taken as their dense base (torch_layouts.py)
     if computed:
         graph = _computing_graph(gm, computed)
@@ -175,7 +175,7 @@ def compile_aten_graph(gm, example_inputs, options: dict | None = None, updates:
         mod = offer_updates(mod, marks)
         compiled = build(mod, build_kw.get("target", "llvm"), build_kw.get("fusion", "tvmfuse"),
                          tuning_logs=build_kw.get("tuning_logs"), name="torch_train_graph", **options)
-        donated = frozenset(marks[k] for k in aliased_outputs(compiled.mod))  # returned in place, not cloned
+        donated = {k: marks[k] for k in aliased_outputs(compiled.mod)}  # written in place: returned as the input
 
     def run(args):
         args = list(args)
