@@ -15,7 +15,8 @@ Schedule:
 """
 from __future__ import annotations
 
-from tvm import s_tir
+import tvm_ffi
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from .. import row_chain
@@ -128,20 +129,35 @@ def _split_partials(sch, block_rv, rows):
 def _vectorize_partials(sch, rf, row, moved) -> bool:
     """The partials' loops below the row are (ko, ki) where the block kept its loops and, after
     reverse_compute_at (loops rebuilt in iter-var order, the rfactor var first), (ki, ..., ko).
-    Put ki innermost, hoist the init out of ko, vectorize both. False (the rule declines) for any
-    other loop nest."""
+    Put ki innermost, hoist the init out of ko, vectorize both. ki is told by the block's binding
+    (the loop its lane var is bound to), not by its extent: a 32 x 32 split has two loops of 32
+    (BN statistics of a 4 x 16 x 16 input), and the wrong one vectorized is a schedule error.
+    False (the rule declines) for any other loop nest.
+    `moved` is kept for the callers; the binding decides."""
     inner = [lp for lp in _loops_below(sch, rf, row) if extent(sch, lp) != 1]
     if len(inner) != 2:
         return False
-    ki, ko = (inner[0], inner[-1]) if moved else (inner[-1], inner[0])
-    lanes_rf = int(sch.get(rf).iter_vars[0].dom.extent)
-    if extent(sch, ki) != lanes_rf:  # a sibling merged into the row (row_chain.join_row) kept (ko, ki)
-        ki, ko = ko, ki
-        if extent(sch, ki) != lanes_rf:
-            return False
+    lane_var = _binding_var(sch, rf, 0)  # the rfactor's spatial var: the partial's lane
+    bound = [lp for lp in inner if lane_var is not None and sch.get(lp).loop_var.same_as(lane_var)]
+    if len(bound) != 1:
+        return False
+    ki = bound[0]
+    ko = inner[0] if sch.get(inner[1]).same_as(sch.get(ki)) else inner[1]
     sch.reorder(ko, ki)
     sch.vectorize(ki)
     return True
+
+
+def _binding_var(sch, block_rv, k):
+    """The loop var block `block_rv`'s k-th iter var is bound to, or None (bound to an expression)."""
+    block, found = sch.get(block_rv), []
+
+    def visit(realize):
+        if realize.block.same_as(block):  # by identity: an rfactor's blocks may share a name
+            found.append(realize.iter_values[k])
+
+    tvm_ffi.structural_walk(sch.mod["main"].body, (s_tir.SBlockRealize, visit), order="post")
+    return found[0] if len(found) == 1 and isinstance(found[0], tirx.Var) else None
 
 
 class FullReduction(ScheduleRule):

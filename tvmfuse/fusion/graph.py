@@ -69,6 +69,11 @@ class Node:
         return tuple(in_shape), False
 
 
+    def reduced_axes(self):
+        """For a reduction: the input axes it folds (sorted), None when they cannot be told."""
+        in_shape = dims(self.call.args[0].ty) if self.cls == REDUCTION else None
+        return None if in_shape is None else self._reduced_axes(in_shape)
+
     def _reduced_axes(self, in_shape):
         """The input axes the reduction folds (sorted), None when they cannot be told. An `axis`
         or `axes` attribute names them (none: all); collapse_sum_to / collapse_sum_like fold the

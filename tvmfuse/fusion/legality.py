@@ -102,6 +102,9 @@ def _reduction_space(g, members, knobs):
         if spaces[r.name] != (row, trailing):
             return (f"reductions {first.name} and {r.name} iterate over different spaces "
                     f"({list(row)} vs {list(spaces[r.name][0])}): not stitchable into one row loop")
+        if not trailing and r.reduced_axes() != first.reduced_axes():
+            return (f"reductions {first.name} and {r.name} fold different axes of {list(row)} "
+                    f"({first.reduced_axes()} vs {r.reduced_axes()}): not stitchable into one row loop")
     if len(reds) > 1 and not knobs["stitch_reductions"]:
         return "reduction stitching disabled (stitch_reductions=False)"
     for i in members:

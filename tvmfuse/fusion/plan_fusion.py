@@ -2,7 +2,7 @@
 
 Each attention (match_attention.py) starts as one sealed group that merges with nothing else.
 Candidates are producer->consumer edges between groups and sibling pairs (groups reading the same
-external input). The best-scored candidate that is legal (legality.py) and creates no cycle is
+external input, or reduction groups reading the same value of the block). The best-scored candidate that is legal (legality.py) and creates no cycle is
 merged; repeat until none is left. With the knob `horizontal` on, independent elementwise groups
 are then joined (fuse_horizontal.py). Refusals of the final plan are logged on `tvmfuse.fusion`.
 """
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from tvm import relax
 
 from .. import config
+from .classify import REDUCTION
 from .plan import Refusal
 from . import fuse_horizontal, legality, match_attention, profitability
 from .graph import BlockGraph
@@ -90,13 +91,31 @@ def _candidates(g, group_of, knobs, external_args):
     for n in g.nodes:
         for a in external_args[n.idx]:
             readers.setdefault(a, set()).add(group_of[n.idx])
-    for var, gids in readers.items():
+    for var, gids in list(readers.items()) + list(_reduction_readers(g, group_of).items()):
         gids = sorted(gids)
         for i, x in enumerate(gids):
             for y in gids[i + 1:]:
                 if (x, y) not in seen:
                     seen.add((x, y))
                     yield (x, y), (var,)
+
+
+def _reduction_readers(g, group_of) -> dict:
+    """{value the block computes: the groups that read it and reduce}: sibling reductions (a
+    batch norm's mean and variance of a convolution's output, the sums over the batch of its
+    backward) read the value once in one kernel. Only groups holding a reduction: siblings of an
+    internal value that are all elementwise gain nothing a producer-consumer merge does not give,
+    and joining them made transformer kernels larger and slower. Whether the two reductions
+    iterate over one space is legality's to check (legality._reduction_space)."""
+    reducing = {group_of[n.idx] for n in g.nodes if n.cls == REDUCTION}
+    readers = {}
+    for n in g.nodes:
+        if group_of[n.idx] not in reducing:
+            continue
+        for a in n.call.args:
+            if isinstance(a, relax.Var) and a in g.node_of_var:
+                readers.setdefault(a, set()).add(group_of[n.idx])
+    return {v: gids for v, gids in readers.items() if len(gids) > 1}
 
 
 def _as_dict(knobs) -> dict:
