@@ -36,7 +36,9 @@ COMPUTE_OPS = frozenset(
 LAYOUT_OPS = frozenset(f"relax.{n}" for n in ("reshape", "permute_dims", "expand_dims", "squeeze", "flatten",
                                                "broadcast_to", "strided_slice", "concat", "split", "take",
                                                "gather_elements", "gather_nd"))
-GATHERS = frozenset(("relax.take",))  # TVM calls take opaque for its index load (mode="fast" or not)
+# gathers: one input element per output element at a data-dependent index; TVM calls them opaque
+# for their index load (take with mode="fast" or not; gather_elements, BERT's token-type ids)
+GATHERS = frozenset(("relax.take", "relax.gather_elements", "relax.gather_nd"))
 _PATTERN = {0: "kElemWise", 1: "kBroadcast", 2: "kInjective", 3: "kCommReduce", 4: "kOutEWiseFusable",
             7: "kTuple", 8: "kOpaque"}
 

@@ -29,7 +29,7 @@ from ..relax_utils import planning_bytes
 
 TRANSPOSES = ("permute_dims", "transpose")  # layout ops that move data (a reshape only renames it)
 CASTS = ("astype",)  # dtype conversions: read through by an anchor, not recomputed work
-GATHERS = ("take",)  # data-dependent reads: never in front of a compute-heavy op
+GATHERS = ("take", "gather_elements", "gather_nd")  # data-dependent reads: never with a compute-heavy op
 VIEWS = ("reshape", "squeeze", "expand_dims", "flatten")  # rename a tensor's axes: a free view alone
 
 
