@@ -23,27 +23,38 @@ def inline_injective(sch, keep=None):
     (default: the CPU's `_costly_to_recompute`) does not hold back; repeat until none changes.
     Returns the block infos left, or None when the function cannot be normalised."""
     keep = _costly_to_recompute if keep is None else keep
-    changed = True
-    while changed:
-        changed = False
-        infos = normalize_prim_func(sch)
-        if infos is None:
-            return None
-        for info in infos:
-            if info.is_injective() and not is_output(sch, info.block_rv) and not keep(sch, info):
-                try:
-                    sch.compute_inline(info.block_rv)
-                    changed = True
-                    break
-                except tvm.s_tir.ScheduleError:  # compute_inline refused this block: keep it a stage
-                    continue
-                except TypeError as err:  # TVM's simplifier met int32 and int64 indices in one
-                    # expression (a reshape's producer inlined into a conv: tests/test_fuzz.py seeds
-                    # 14, 52, 145, 156). compute_inline replaces the tree only once it succeeded, so
-                    # the schedule is as before: the block stays a stage of its own.
-                    if "mismatched types" not in str(err):
-                        raise
-                    continue
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    # Always inline the first block (program order) that allows it, as a fresh scan would; but
+    # scan from the start only as far back as an inline can have changed: a block's own state
+    # (its consumers, its body) changes only when a consumer or producer of it is inlined, and its
+    # consumers come after it. So after inlining block k, resume at k's earliest producer.
+    # Normalising after every inline instead took 11 minutes on a horizontally joined optimizer
+    # step of 1332 ops.
+    i = 0
+    while i < len(infos):
+        info = infos[i]
+        if not (info.is_injective() and not is_output(sch, info.block_rv) and not keep(sch, info)):
+            i += 1
+            continue
+        producers = [sch.get_sref(b) for b in sch.get_producers(info.block_rv)]  # srefs: stable across edits
+        try:
+            sch.compute_inline(info.block_rv)
+        except tvm.s_tir.ScheduleError:  # compute_inline refused this block: keep it a stage
+            i += 1
+            continue
+        except TypeError as err:  # TVM's simplifier met int32 and int64 indices in one
+            # expression (a reshape's producer inlined into a conv: tests/test_fuzz.py seeds
+            # 14, 52, 145, 156). compute_inline replaces the tree only once it succeeded, so
+            # the schedule is as before: the block stays a stage of its own.
+            if "mismatched types" not in str(err):
+                raise
+            i += 1
+            continue
+        del infos[i]
+        earlier = [j for j in range(i) if any(sch.get_sref(infos[j].block_rv).same_as(p) for p in producers)]
+        i = min(earlier, default=i)
     return normalize_prim_func(sch)
 
 
