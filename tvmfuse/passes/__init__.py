@@ -7,7 +7,9 @@ def tvmfuse_passes(knobs):
 
     from ..fusion.fuse_groups_te import FuseGroupsTE
     from .fuse_winograd_epilogue import FuseWinogradEpilogue
+    from .scatter_rows import legalize as scatter_rows
 
     T = relax.transform
-    return [T.DeadCodeElimination(), FuseWinogradEpilogue, FuseGroupsTE(knobs=knobs), T.LegalizeOps(),
+    return [T.DeadCodeElimination(), FuseWinogradEpilogue, FuseGroupsTE(knobs=knobs),
+            T.LegalizeOps(customize_legalize_map={"relax.scatter_nd": scatter_rows}),
             T.AnnotateTIROpPattern()]
