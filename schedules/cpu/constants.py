@@ -20,6 +20,13 @@ COMMON = {
     "reduction_chunks": 64,  # a full (scalar) reduction is cut into this many parallel chunks ...
     "reduction_accumulators": 4,  # ... reduced into this many vector registers each (one would chain every add)
     "reduction_block": 2048,  # ... swept block by block (8 KiB of float32: every sibling re-reads it from L1)
+    # a column reduction (a bias gradient: sum over rows) runs its columns in parallel stripes when
+    # every core gets at least `column_stripe_min` vectors of them (a stripe at most
+    # `column_stripe_max` vectors: its accumulators stay in L1); narrower, its rows are cut into
+    # cores x `column_row_chunks` parallel chunks of partial rows
+    "column_stripe_min": 2,
+    "column_stripe_max": 32,
+    "column_row_chunks": 2,
     "row_accumulators": 2,  # a row reduction's partials: vector registers (more cost a longer per-row final sum)
     "row_partials_tree": 16,  # ... and its partials summed to this many in vector form before the serial sum (0: off)
     "transpose_tile": 16,  # a transposing copy is done in square tiles of this side

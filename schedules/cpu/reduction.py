@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir.dlight.analysis import normalize_prim_func
 
 from .. import row_chain
-from ..common import (block_bits, extent, inline_injective, is_reduction, lanes, schedule_spatial,
-                      schedule_spatial_block, store_views_in_producers)
+from ..common import (block_bits, extent, inline_injective, lanes, schedule_spatial_block,
+                      store_views_in_producers)
 from ..rule import ScheduleRule
 from ..targets import CPU
 
@@ -250,61 +249,3 @@ def _parallel_partials(sch, block_rv):
     k = next(i for i, lp in enumerate(loops) if extent(sch, lp) == chunks)
     chunk = sch.fuse(*loops[: k + 1]) if k else loops[0]  # the chunk loop outermost (it is parallel)
     return chunk, sch.get_loops(vec)[1]
-
-
-
-class ColumnReduction(ScheduleRule):
-    """A reduction over the outer axis of its operand (x^T @ g: out[i] = sum_k x[k, i] * g[k]),
-    after inlining the transpose that produced the operand: rows are read whole and contiguous.
-    k is cut into `reduction_chunks` parallel chunks (rfactor); each chunk sweeps its rows of x with
-    i innermost, vectorized, accumulating a partial row; the partial rows are then summed and the
-    epilogue applied. Declines when the innermost index of the operand moves with k (a row
-    reduction) or the output columns do not fill a vector."""
-
-    name = "cpu.ColumnReduction"
-
-    def apply(self, func, target):
-        sch = s_tir.Schedule(func)
-        infos = inline_injective(sch, keep=lambda sch, info: False)  # the transpose goes away
-        reds = [i for i in infos or [] if i.block_rv is not None and is_reduction(sch, i.block_rv)]
-        if len(reds) != 1 or reds[0].dom_kind().count("R") != 1 or not reds[0].dom_kind().endswith("R"):
-            return None
-        red = reds[0].block_rv
-        if not _reduces_outer_axis(sch, red):
-            return None
-        *spatial, k = sch.get_loops(red)
-        spatial = [lp for lp in spatial if extent(sch, lp) != 1]
-        if not spatial:
-            return None
-        i = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
-        n_i, n_k = extent(sch, i), extent(sch, k)
-        v, chunks = lanes(block_bits(sch, red)), CPU["reduction_chunks"]
-        if not n_i or not n_k or n_i % v or n_k % chunks:
-            return None
-        kp, kr = sch.split(k, [chunks, None])
-        rf = sch.rfactor(kp, factor_axis=0)
-        i_rf, kp_rf, kr_rf = sch.get_loops(rf)[-3:]
-        sch.reorder(kp_rf, kr_rf, i_rf)
-        sch.parallel(kp_rf)
-        sch.vectorize(sch.split(i_rf, [None, v])[1])
-        for info in normalize_prim_func(sch) or []:
-            if info.is_injective():
-                schedule_spatial(sch, info)
-        return sch.mod["main"]
-
-
-def _reduces_outer_axis(sch, block_rv) -> bool:
-    """True when an operand's last index moves with a spatial variable while an earlier one moves
-    with the reduction variable, and no operand has the reduction variable last (that would be a
-    matmul's x[i, k]: a row reduction for that operand)."""
-    block = sch.get(block_rv)
-    k = block.iter_vars[-1].var.name
-    spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
-    found = False
-    for r in block.reads:
-        idx = [row_chain.vars_in(rg.min) for rg in r.region]
-        if idx and k in idx[-1]:
-            return False
-        if len(idx) >= 2 and idx[-1] & spatial and any(k in s for s in idx[:-1]):
-            found = True
-    return found

@@ -5,7 +5,8 @@ Rules, in order, each able to decline:
   Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
   Matmul        - matmul / batch matmul + epilogue: blocked, register micro-kernel (cpu/matmul.py)
   Conv2D        - direct NCHW conv2d + epilogue: channel x row x vector tile (cpu/conv.py)
-  ColumnReduction - x^T @ g: parallel chunks of rows, vector partial rows (cpu/reduction.py)
+  ColumnReduction - sums over outer axes (x^T @ g, a bias gradient): parallel column stripes, or
+                  parallel chunks of rows into vector partial rows (cpu/column_reduction.py)
   RowReduction  - a row-reduction chain: parallel rows, every stage at the row (cpu/reduction.py)
   FullReduction - reductions to a scalar: parallel chunks x vector partials, sibling chunks merged
   Pool          - a small-window reduction of one operand (max/avg pooling): rows parallel, the
@@ -26,7 +27,8 @@ from .attention import Attention
 from .conv import Conv2D
 from .matmul import Matmul
 from .pool import Pool
-from .reduction import ColumnReduction, FullReduction, RowReduction
+from .column_reduction import ColumnReduction
+from .reduction import FullReduction, RowReduction
 from ..common import inline_injective, schedule_reduction, schedule_spatial
 from ..rule import ScheduleRule
 from ..tir_walk import children
