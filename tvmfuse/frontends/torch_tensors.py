@@ -74,9 +74,8 @@ def call(compiled, tensors, donated=None) -> tuple:
     else:
         outs, n = out, len(out)
     donated = donated or {}
-    inputs = set(donated.values())
-    ptrs = {t.data_ptr() for i, t in enumerate(tensors) if t.numel() and i not in inputs}
-    result = []
+    ptrs = None  # the inputs' addresses, taken only when an output is fetched (an update graph's
+    result = []  # outputs are often all donated: about 0.3 us a tensor saved)
     for j in range(n):
         i = donated.get(j)
         if i is not None and args[i] is tensors[i]:
@@ -84,8 +83,12 @@ def call(compiled, tensors, donated=None) -> tuple:
             continue
         o = outs[j] if n == 1 else _array_item(outs, j)
         r = o if isinstance(o, torch.Tensor) else torch.from_dlpack(o)
-        if r.numel() and r.data_ptr() in ptrs:
-            r = r.clone()
+        if r.numel():
+            if ptrs is None:
+                inputs = set(donated.values())
+                ptrs = {t.data_ptr() for k, t in enumerate(tensors) if t.numel() and k not in inputs}
+            if r.data_ptr() in ptrs:
+                r = r.clone()
         result.append(r)
     return tuple(result)
 

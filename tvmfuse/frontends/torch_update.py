@@ -161,12 +161,14 @@ def _functional(gm):
     def wrap(fn, compiled):
         def run(args):
             results = fn(args)
-            targets = {args[i].data_ptr() for i in updates.values()}
-            pending = []
+            targets, pending = None, []
             for o, i in updates.items():
                 src = results[o]
-                if src.data_ptr() == args[i].data_ptr():  # written in place by the build
+                # written in place by the build (returned as the input itself, torch_tensors.call)
+                if src is args[i] or src.data_ptr() == args[i].data_ptr():
                     continue
+                if targets is None:
+                    targets = {args[k].data_ptr() for k in updates.values()}
                 # a source in another updated tensor's memory (its old value) is read before any copy
                 pending.append((args[i], src.clone() if src.data_ptr() in targets else src))
             for dst, src in pending:
