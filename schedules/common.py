@@ -172,7 +172,7 @@ def schedule_spatial_block(sch, block_rv):
         return
     if 0 in (extent(sch, lp) for lp in loops):  # an empty output (a slice of width 0): nothing runs,
         return  # and fuse would fold the zero extent into a division by zero
-    if _tile_transpose(sch, block_rv, loops):
+    if tile_transpose(sch, block_rv, loops):
         return
     n = lanes(block_bits(sch, block_rv))
     ivs = sch.get(block_rv).iter_vars
@@ -228,7 +228,7 @@ def _vector_body_scalar_tail(sch, loop, ext, n):
     sch.vectorize(sch.split(body, [None, n])[1])
 
 
-def _tile_transpose(sch, block_rv, loops) -> bool:
+def tile_transpose(sch, block_rv, loops) -> bool:
     """A copy whose innermost output index is not the input's innermost one (a transpose) is done
     in square tiles: the tile's input lines stay in L1 while its output rows are written whole,
     vectorized. Row by row, every load would touch a new cache line. Returns whether it applied."""

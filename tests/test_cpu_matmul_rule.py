@@ -280,3 +280,51 @@ def test_a_ragged_matmul_read_through_a_reshape_is_padded_from_a_copy():
     assert rule == "cpu.Matmul"
     np.testing.assert_allclose(got, (xs.reshape(196, 32).astype("float64") @ ws).reshape(4, 49, 48),
                                rtol=1e-5, atol=1e-5)
+
+
+def _linear(n_out: int):
+    """x @ W^T with W [n_out, 64] a run-time input (a linear layer in training: no build-time pack)."""
+    from tvm import topi
+
+    x = te.placeholder((32, 64), name="x")
+    w = te.placeholder((n_out, 64), name="w")
+    wt = topi.transpose(w, (1, 0))
+    k = te.reduce_axis((0, 64), name="k")
+    m = te.compute((32, n_out), lambda i, j: te.sum(x[i, k] * wt[k, j], axis=k), name="matmul")
+    return te.create_prim_func([x, w, m])
+
+
+def _pack_loops(sched):
+    """The extents and kinds of the loops around the panel copy of W^T, outermost first."""
+    from schedules.tir_walk import children
+
+    found = []
+
+    def walk(stmt, loops):
+        if isinstance(stmt, tvm.tirx.For):
+            loops = loops + [stmt]
+        if isinstance(stmt, tvm.s_tir.SBlock) and stmt.name_hint == "T_transpose_global":
+            found.append([(int(lp.extent), lp.kind) for lp in loops])
+        for child in children(stmt):
+            walk(child, loops)
+
+    walk(sched.body, [])
+    return found
+
+
+@pytest.mark.parametrize("n_out", [128, 96])
+def test_a_transposed_weight_is_packed_in_square_tiles(n_out):
+    """The panel copy of W^T reads W in 16 x 16 tiles (a tile's rows stay in L1), the tile's
+    columns a vector of the panel; row by row each vector gathered 16 rows of W. 96 columns: the
+    panels are whole (3 of 32), the tiles too."""
+    func = _linear(n_out)
+    with config.override(strict=True):
+        sched, rule = apply_rules(func, LLVM, cpu.RULES, "kernel")
+    assert rule == "cpu.Matmul"
+    (loops,) = _pack_loops(sched)
+    assert [e for e, _ in loops[-2:]] == [16, 16] and loops[-1][1] == tvm.tirx.ForKind.VECTORIZED
+    assert loops[0][1] == tvm.tirx.ForKind.PARALLEL
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((32, 64)).astype("float32"), rng.standard_normal((n_out, 64)).astype("float32")
+    _rule, (out,) = _scheduled_and_run(func, [x, w], [(32, n_out)])
+    np.testing.assert_allclose(out, x.astype("float64") @ w.T, rtol=1e-5, atol=1e-5)
