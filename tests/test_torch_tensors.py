@@ -94,3 +94,25 @@ def test_outputs_written_in_place_are_returned_as_their_inputs():
     assert new_p is not strided
     torch.testing.assert_close(new_p, want_p)
     torch.testing.assert_close(strided, p0)
+
+
+def test_only_kernel_outputs_skip_the_aliasing_check():
+    """An output a kernel writes is fresh memory; an input returned as it is, or a reshape of one
+    (a view once lowered: its own kernel, built without fusion), may alias the caller's tensor:
+    checked (and copied) at every call. Fused, the same reshape is a kernel's output: fresh."""
+    bb = relax.BlockBuilder()
+    x, y = (relax.Var(n, relax.TensorType((4, 8), "float32")) for n in ("x", "y"))
+    with bb.function("main", [x, y]):
+        with bb.dataflow():
+            s = bb.emit(relax.op.add(x, y))
+            v = bb.emit(relax.op.reshape(x, (8, 4)))
+            out = bb.emit_output(relax.Tuple([s, v, x]))
+        bb.emit_func_output(out)
+    assert torch_tensors._fresh_outputs(tvmfuse.build(bb.get(), "llvm", "tvmfuse")) == {0, 1}
+    built = tvmfuse.build(bb.get(), "llvm", "none")
+    assert torch_tensors._fresh_outputs(built) == {0}
+    xt, yt = torch.randn(4, 8), torch.randn(4, 8)
+    s, v, same = torch_tensors.call(built, [xt, yt])
+    torch.testing.assert_close(s, xt + yt)
+    torch.testing.assert_close(v, xt.reshape(8, 4))
+    assert v.data_ptr() != xt.data_ptr() and same.data_ptr() != xt.data_ptr()
