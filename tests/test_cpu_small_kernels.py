@@ -58,6 +58,45 @@ def test_serial_small_kernels_compute_the_same():
     np.testing.assert_allclose(out.numpy(), a * 2 + 1, rtol=1e-6)
 
 
+def _two_nests(big_rows, small_rows):
+    """Two independent updates in one kernel (a horizontally joined optimizer step's nests)."""
+    a, c = te.placeholder((big_rows, 64), name="a"), te.placeholder((small_rows, 64), name="c")
+    b = te.compute(a.shape, lambda i, j: a[i, j] * 2.0 + 1.0, name="b")
+    d = te.compute(c.shape, lambda i, j: c[i, j] * 3.0, name="d")
+    return tvm.IRModule({"main": te.create_prim_func([a, c, b, d]).with_attr("global_symbol", "main")})
+
+
+def _nest_kinds(func):
+    """The kind of the outermost loop of each nest, in program order."""
+    from schedules.tir_walk import children
+
+    def top(stmt):
+        if isinstance(stmt, tirx.For):
+            yield stmt.kind
+            return
+        for child in children(stmt):
+            yield from top(child)
+
+    return list(top(func.body))
+
+
+def test_a_small_nest_beside_a_big_one_runs_serially():
+    """The kernel is big (its first nest), so it stays parallel there; its 8-row nest does not pay
+    for a launch of its own and runs serially. Same numerics."""
+    target = resolve("llvm")
+    mod = apply_default_schedules(_two_nests(4096, 8), target)
+    assert _nest_kinds(mod["main"]) == [tirx.ForKind.PARALLEL, tirx.ForKind.SERIAL]
+    with config.override(cpu={"min_parallel_work": 0}):  # off: both nests parallel
+        assert _nest_kinds(apply_default_schedules(_two_nests(4096, 8), target)["main"]) == [tirx.ForKind.PARALLEL] * 2
+    ex = tvm.compile(mod, target=target)
+    rng = np.random.default_rng(1)
+    a, c = rng.standard_normal((4096, 64)).astype("float32"), rng.standard_normal((8, 64)).astype("float32")
+    b, d = (tvm.runtime.empty(s, "float32", tvm.cpu()) for s in ((4096, 64), (8, 64)))
+    ex["main"](tvm.runtime.tensor(a), tvm.runtime.tensor(c), b, d)
+    np.testing.assert_allclose(b.numpy(), a * 2 + 1, rtol=1e-6)
+    np.testing.assert_allclose(d.numpy(), c * 3, rtol=1e-6)
+
+
 def test_the_launch_cost_script_times_both_forms():
     import os
     import sys
