@@ -328,3 +328,27 @@ def test_a_transposed_weight_is_packed_in_square_tiles(n_out):
     x, w = rng.standard_normal((32, 64)).astype("float32"), rng.standard_normal((n_out, 64)).astype("float32")
     _rule, (out,) = _scheduled_and_run(func, [x, w], [(32, n_out)])
     np.testing.assert_allclose(out, x.astype("float64") @ w.T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [64, 197])
+def test_a_transposed_row_operand_is_read_in_place(rows):
+    """A = G^T (a weight gradient dY^T @ X, an attention backward's P^T @ dO): the transpose is
+    inlined, so the micro-kernel reads the rows of one k as adjacent floats of G, and no transposed
+    copy of A runs per call (197 rows, a ragged M: the zero-padded copy pad_einsum makes reads G
+    transposed itself)."""
+    from tvm import topi
+
+    g = te.placeholder((32, rows), name="g")
+    x = te.placeholder((32, 48), name="x")
+    a = topi.transpose(g, (1, 0))
+    k = te.reduce_axis((0, 32), name="k")
+    m = te.compute((rows, 48), lambda i, j: te.sum(a[i, k] * x[k, j], axis=k), name="matmul")
+    func = te.create_prim_func([g, x, m])
+    with config.override(strict=True):
+        sched, rule = apply_rules(func, LLVM, cpu.RULES, "kernel")
+    assert rule == "cpu.Matmul"
+    assert 'T.sblock("T_transpose")' not in sched.script()
+    rng = np.random.default_rng(6)
+    gv, xv = rng.standard_normal((32, rows)).astype("float32"), rng.standard_normal((32, 48)).astype("float32")
+    _rule, (out,) = _scheduled_and_run(func, [gv, xv], [(rows, 48)])
+    np.testing.assert_allclose(out, gv.T.astype("float64") @ xv, rtol=1e-5, atol=1e-5)
