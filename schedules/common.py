@@ -112,13 +112,18 @@ def _reads_as_transposed_rows(sch, consumer, store) -> bool:
             any(not a.same_as(b) for a, b in zip(src_idx[:-2], dst_idx[:-2])):
         return False
     block = sch.get(consumer)
-    red = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
-    spatial = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 0}
+    ivs = block.iter_vars
+    if len(ivs) < 3 or [int(iv.iter_type) for iv in ivs[-3:]] != [0, 0, 2]:
+        return False  # not [.., i, j, k] (x^T @ g with one column has no j: a column reduction)
     reads = [r for r in block.reads if r.source.same_as(store.buffer)]
     if len(reads) != 1 or len(reads[0].region) < 2:
         return False
     last, second = (vars_in(rg.min) for rg in (reads[0].region[-1], reads[0].region[-2]))
-    return bool(last) and last <= red and bool(second) and second <= spatial
+    if last != {ivs[-1].var.name} or second != {ivs[-3].var.name}:
+        return False
+    # columns N of at least a vector; fewer, the tile would pad them (and the copy's rows read whole win)
+    n = ivs[-2].dom.extent
+    return isinstance(n, tvm.tirx.IntImm) and int(n) >= lanes(block_bits(sch, consumer))
 
 
 def _keep_views(sch, info):

@@ -66,7 +66,7 @@ def _run(c, shape, axes, sibling=False, reshape_to=None):
 
 
 def test_wide_columns_are_parallel_stripes_without_partials():
-    shape, axes = (512, 1024), [0]
+    shape, axes = (128, 1024), [0]  # 512 KiB: held by the cores' L2
     c = _build(shape, axes)
     assert c.rules() == ["cpu.ColumnReduction"]
     func = _kernel(c)
@@ -117,3 +117,12 @@ def test_row_sums_and_ragged_columns_are_not_column_reductions(shape, axes):
     c = _build(shape, axes)
     assert c.rules() != ["cpu.ColumnReduction"]
     _run(c, shape, axes)
+
+
+def test_a_tall_operand_beyond_l2_is_summed_in_row_chunks():
+    """Wide, but 16 MiB (more than any two cores' L2): whole rows streamed by row chunks."""
+    shape = (32768, 128)
+    c = _build(shape, [0])
+    assert c.rules() == ["cpu.ColumnReduction"]
+    assert "_rf" in _kernel(c).script()
+    _run(c, shape, [0])
