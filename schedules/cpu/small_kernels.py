@@ -26,27 +26,6 @@ from ..targets import CPU
 from ..tir_walk import children
 
 
-def work(func) -> int | None:
-    """Stores executed by one call of `func` (None: a symbolic loop extent)."""
-
-    def count(stmt, mult):
-        if isinstance(stmt, tirx.BufferStore):
-            return mult
-        if isinstance(stmt, tirx.For):
-            if not isinstance(stmt.extent, tirx.IntImm):
-                return None
-            mult *= int(stmt.extent.value)
-        total = 0
-        for child in children(stmt):
-            n = count(child, mult)
-            if n is None:
-                return None
-            total += n
-        return total
-
-    return count(func.body, 1)
-
-
 def _stores(stmt, mult=1) -> int | None:
     """Stores executed by `stmt` (None: a symbolic loop extent inside)."""
     if isinstance(stmt, tirx.BufferStore):
