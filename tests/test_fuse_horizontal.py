@@ -102,3 +102,48 @@ def test_horizontal_max_ops_bounds_a_joined_group(caplog):
     args = _inputs(SPECS)
     for got, (p, g) in zip(c(*args), zip(args[::2], args[1::2])):
         assert_matches(got, p - 0.1 * (g + 0.01 * p), 1e-6, 1e-6)
+
+
+def _bias_grads(bb, dy, xhat, dz):
+    """A norm's dgamma and dbeta (sums over the batch of dy * xhat and dy) and another layer's bias
+    gradient (the sum of dz over the batch, reshaped): independent column sums of one space."""
+    dgamma = bb.emit(R.sum(bb.emit(R.multiply(dy, xhat)), axis=[0]))
+    dbeta = bb.emit(R.sum(dy, axis=[0]))
+    db = bb.emit(R.reshape(bb.emit(R.sum(dz, axis=[0], keepdims=True)), (32,)))
+    return [dgamma, dbeta, db]
+
+
+BIAS_SPECS = [("dy", (8, 32)), ("xhat", (8, 32)), ("dz", (8, 32))]
+
+
+def test_golden_independent_column_sums_of_one_space_are_one_kernel():
+    mod = _mod(BIAS_SPECS, _bias_grads)
+    assert tvmfuse.build(mod, "llvm", "tvmfuse").launches == 2  # the siblings on dy, and dz's sum
+    c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    assert c.launches == 1
+    assert c.rules() == ["cpu.ColumnReduction"]
+    assert any(g.kind.startswith("horizontal") for g in c.plan.groups)
+    dy, xhat, dz = _inputs(BIAS_SPECS, 3)
+    out = c(dy, xhat, dz)
+    assert_matches(out[0], (dy * xhat).sum(0), 1e-5, 1e-5)
+    assert_matches(out[1], dy.sum(0), 1e-5, 1e-5)
+    assert_matches(out[2], dz.sum(0), 1e-5, 1e-5)
+
+
+def test_must_not_fire_column_sums_of_other_spaces_or_row_sums(caplog):
+    """A column sum over [8, 64] stays apart from one over [8, 32]; a row sum (a trailing axis: its
+    rows are another loop) is not joined at all."""
+    def body(bb, a, b, r):
+        return [bb.emit(R.sum(a, axis=[0])), bb.emit(R.sum(b, axis=[0])), bb.emit(R.sum(r, axis=[1]))]
+
+    specs = [("a", (8, 32)), ("b", (8, 64)), ("r", (8, 32))]
+    with caplog.at_level(logging.INFO, logger="tvmfuse.fusion"):
+        c = tvmfuse.build(_mod(specs, body), "llvm", "tvmfuse", horizontal=True)
+    assert c.launches == 3
+    assert any(r.kind == "horizontal" and r.rule == "reduction_space" for r in c.plan.refused)
+    assert any(r.kind == "horizontal" and r.rule == "not_elementwise" and "reduction" in r.reason
+               for r in c.plan.refused)
+    a, b, r = _inputs(specs, 4)
+    out = c(a, b, r)
+    for got, want in zip(out, (a.sum(0), b.sum(0), r.sum(1))):
+        assert_matches(got, want, 1e-5, 1e-5)

@@ -17,7 +17,7 @@ import torch
 import tvm
 import tvm_ffi
 
-from . import torch_threads
+from . import torch_direct, torch_threads
 
 TVM_ALIGNMENT = 64  # bytes: tvm.runtime.from_dlpack's requirement (and what TVM's buffers declare)
 
@@ -53,7 +53,10 @@ def _main(compiled):
     local = compiled._local
     main = getattr(local, "torch_main", None)
     if main is None:
-        main = local.torch_main = torch_threads.main_on_torch_threads(compiled) or compiled._main()
+        module = torch_threads.module_on_torch_threads(compiled)
+        local.torch_direct = None if module is None else torch_direct.kernel_call(compiled, module)
+        main = None if module is None else tvm.relax.VirtualMachine(module, tvm.cpu(0))["main"]
+        main = local.torch_main = main or compiled._main()
     return main
 
 
@@ -66,9 +69,13 @@ def call(compiled, tensors, donated=None) -> tuple:
     No shape or dtype check here: the callers run graphs dynamo and AOTAutograd traced for these
     very shapes and dtypes (their guards recompile on any other), and a failing call is theirs to
     report."""
+    main = _main(compiled)
+    direct = compiled._local.torch_direct  # one in-place kernel, called without the VM (torch_direct.py)
+    if direct is not None and (out := direct(tensors)) is not None:
+        return out
     args = [t if t.data_ptr() % TVM_ALIGNMENT == 0 and t.is_contiguous() and t.numel() else _dense(t)
             for t in tensors]
-    out = _main(compiled)(*args)  # tvm-ffi takes torch tensors through DLPack and returns torch tensors
+    out = main(*args)  # tvm-ffi takes torch tensors through DLPack and returns torch tensors
     if isinstance(out, (torch.Tensor, tvm.runtime.Tensor)):
         outs, n = (out,), 1
     else:

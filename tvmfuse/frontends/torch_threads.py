@@ -1,7 +1,8 @@
 """TVM kernels on PyTorch's OpenMP threads, for builds that run between PyTorch ops.
 
-Contract: `main_on_torch_threads(compiled)` returns the `main` of a VM whose CPU kernels run their
-parallel loops on the OpenMP team PyTorch's own ops use (torch.get_num_threads() threads), or None
+Contract: `module_on_torch_threads(compiled)` returns the build's executable loaded so that its CPU
+kernels run their parallel loops on the OpenMP team PyTorch's own ops use (torch.get_num_threads()
+threads), and `main_on_torch_threads(compiled)` the `main` of a VM of it; each returns None
 where that cannot be set up here (PyTorch not built with OpenMP, no C compiler with -fopenmp, a
 non-CPU build): the caller then uses the build's ordinary VM, and the reason is logged once.
 Results are the same either way: only who runs each kernel's parallel chunks changes.
@@ -107,6 +108,16 @@ def main_on_torch_threads(compiled):
     import tvm
     from tvm import relax
 
+    module = module_on_torch_threads(compiled)
+    return None if module is None else relax.VirtualMachine(module, tvm.cpu(0))["main"]
+
+
+def module_on_torch_threads(compiled):
+    """The executable of `compiled` loaded from a shared library whose kernels run on PyTorch's
+    OpenMP threads (see the module docstring; its kernels are also callable one by one,
+    `get_function(name, query_imports=True)`), or None with the reason logged once per reason."""
+    import tvm
+
     if compiled.target.kind.name != "llvm":
         return None
     lib, why = launcher()
@@ -128,7 +139,7 @@ def main_on_torch_threads(compiled):
             except ValueError:  # the module never uses it (no kernel with a barrier)
                 continue
             slot.value = ctypes.cast(getattr(lib, function), ctypes.c_void_p).value
-    return relax.VirtualMachine(module, tvm.cpu(0))["main"]
+    return module
 
 
 @functools.cache

@@ -1,19 +1,24 @@
-"""Horizontal fusion: independent elementwise groups of one dataflow block joined into one kernel.
+"""Horizontal fusion: independent elementwise groups (and column sums) of one dataflow block joined
+into one kernel.
 
 An optimizer step over N parameters is N independent elementwise chains (one per parameter: its
 gradient, its state and its update), which the planner's vertical and sibling merges leave as N
 groups, N kernels. This pass joins such groups into one group: one PrimFunc whose body is the
 groups' loop nests side by side (each keeps its own iteration space and its own TE computes, so
 the math is unchanged; the CPU schedule's Injective rule parallelises and vectorises each nest),
-one launch instead of N.
+one launch instead of N. A backward graph's bias and norm gradients are likewise independent
+column sums over the batch (an MLP's second bias gradient and its LayerNorm's dgamma and dbeta).
 
 Contract: `join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic)` runs inside
 plan_fusion.plan after its merge loop, when the knob `horizontal` is on (config.py: off by default,
-on for the torch backend's update graphs, frontends/torch_update.py). It takes the planner's live
+on for the torch backend's training and update graphs, frontends/torch_train.py and torch_update.py). It takes the planner's live
 groups and merges in place (members, group_of, how: "horizontal", the GroupOrder `order`); it
 returns the refusals it logged ([plan.Refusal], kind "horizontal"). A group joins only when
-  - every op of it is elementwise or broadcast (a reduction, matmul, gather or layout op is never
-    joined: rule "not_elementwise"), and it is not a sealed attention group;
+  - every op of it is elementwise or broadcast, or a column reduction (one that keeps a trailing
+    axis: a bias gradient's or a norm's dgamma's sum over the batch) or the reshape of one's output;
+    a row reduction, matmul, gather or layout op is never joined (rule "not_elementwise"), nor a
+    sealed attention group. Joined column reductions must share one iteration space (legality's
+    rule "reduction_space"), so cpu.ColumnReduction schedules them as siblings of one kernel;
   - no path runs between it and the joined group in either direction, directly or through another
     group (rule "dependent": one would have to wait for the other; `cyclic` is the planner's
     cycle check, the direct edges are checked here);
@@ -29,7 +34,7 @@ from __future__ import annotations
 import logging
 
 from . import legality
-from .classify import BROADCAST, ELEMENTWISE
+from .classify import BROADCAST, ELEMENTWISE, REDUCTION
 from .plan import Refusal
 
 log = logging.getLogger("tvmfuse.fusion")
@@ -40,9 +45,18 @@ JOINABLE = (ELEMENTWISE, BROADCAST)
 def _not_elementwise(g, group) -> str | None:
     for i in sorted(group):
         n = g.by_idx[i]
+        if n.cls == REDUCTION and _column_reduction(n) or legality.relabels_a_reduction(g, group, n):
+            continue
         if n.cls not in JOINABLE:
             return f"{n.name} ({n.op}) is {n.cls}, not elementwise"
     return None
+
+
+def _column_reduction(n) -> bool:
+    """Whether reduction `n` keeps a trailing axis (a sum over the batch: a bias gradient, a norm's
+    dgamma): such sums of one iteration space join as siblings of one column-reduction kernel."""
+    space = n.row_space()
+    return space is not None and not space[1]
 
 
 def _direct_edge(g, a, b) -> bool:

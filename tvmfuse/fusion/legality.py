@@ -112,7 +112,7 @@ def _reduction_space(g, members, knobs):
         if n.cls == REDUCTION:
             continue
         ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ()))
-        if not ok and (_relabels_a_reduction(g, members, n) or trailing and _regroups_rows(g, members, n, row)):
+        if not ok and (relabels_a_reduction(g, members, n) or trailing and _regroups_rows(g, members, n, row)):
             continue
         if not ok:
             return (f"{n.name} ({n.op}, shape {list(n.dims or [])}) does not iterate over the rows "
@@ -123,7 +123,7 @@ def _reduction_space(g, members, knobs):
 _RELABEL = ("reshape", "squeeze", "expand_dims", "flatten")
 
 
-def _relabels_a_reduction(g, members, n) -> bool:
+def relabels_a_reduction(g, members, n) -> bool:
     """Whether `n` only renames the axes of a reduction's output in the group, element for element
     (a bias gradient's sum over the batch, [1, 64] -> [64]): an epilogue on the reduced values,
     which the reduction writes first, whatever rows it iterated over."""
