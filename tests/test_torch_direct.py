@@ -1,7 +1,8 @@
-"""frontends/torch_direct.py: a build that is one in-place kernel (the fused optimizer step) called
-without the VM. Each call's results equal the VM's on the same tensors; a strided or unaligned
-tensor goes through the VM instead; a build of several kernels, or one that allocates an output,
-is never called directly."""
+"""frontends/torch_direct.py: an in-place build (the fused optimizer step) called without the VM,
+one kernel or several. Each call's results equal the VM's on the same tensors; a strided or
+unaligned tensor goes through the VM instead, with nothing written before; a forward or backward
+build (kernels that allocate their outputs) is never called directly."""
+import pytest
 import torch
 
 from tvmfuse.frontends import torch_direct, torch_records, torch_tensors
@@ -9,14 +10,15 @@ from tvmfuse.frontends import torch_direct, torch_records, torch_tensors
 from test_torch_training import MLP  # Linear, GELU, Linear, LayerNorm
 
 
-def _sgd_update_build():
-    """The tvmfuse build of the MLP's SGD step with momentum (one in-place kernel)."""
+def _sgd_update_build(**options):
+    """The tvmfuse build of the MLP's SGD step with momentum (one in-place kernel, or several with a
+    small `horizontal_max_ops`)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     before = {id(r) for r in torch_records.RECORDS}
-    step = torch.compile(opt.step, backend="tvmfuse", options={"fallback": "error"})
+    step = torch.compile(opt.step, backend="tvmfuse", options={"fallback": "error", **options})
     for _ in range(2):  # the first step has no momentum buffers yet: the second graph is the steady one
         for p in model.parameters():
             p.grad = torch.randn_like(p)
@@ -37,10 +39,12 @@ def _vm(compiled, tensors):
     return copies, [out[j] for j in range(len(out))]
 
 
-def test_the_update_is_called_directly_and_equals_the_vm():
-    c = _sgd_update_build()
+@pytest.mark.parametrize("max_ops", [256, 8])
+def test_the_update_is_called_directly_and_equals_the_vm(max_ops):
+    c = _sgd_update_build(horizontal_max_ops=max_ops)
+    assert (c.launches == 1) == (max_ops == 256)
     plan = torch_direct._plan(c.launched["main"])
-    assert plan is not None and plan[0] == c.call_sites()[0]
+    assert plan is not None and [k for k, _ in plan[0]] == c.call_sites()
     tensors = _tensors(c, 1)
     want_inputs, want = _vm(c, tensors)
     main = torch_tensors._main(c)
@@ -57,13 +61,15 @@ def test_the_update_is_called_directly_and_equals_the_vm():
         torch.testing.assert_close(g, w, rtol=0, atol=0)
     for g, w in zip(tensors, want_inputs):  # written in place, as the VM writes
         torch.testing.assert_close(g, w, rtol=0, atol=0)
-    outs = plan[2]
+    outs = plan[1]
     assert all(g is tensors[k] for g, k in zip(got, outs))  # the updated inputs themselves
 
 
-def test_strided_or_unaligned_tensors_go_through_the_vm():
-    c = _sgd_update_build()
-    _kernel, arg_params, outs = torch_direct._plan(c.launched["main"])
+@pytest.mark.parametrize("max_ops", [256, 8])
+def test_strided_or_unaligned_tensors_go_through_the_vm(max_ops):
+    c = _sgd_update_build(horizontal_max_ops=max_ops)
+    calls, outs = torch_direct._plan(c.launched["main"])
+    arg_params = [k for _, ks in calls for k in ks]
     reads = [k for k in arg_params if k not in outs and len(c.params[k][1]) == 2]  # a 2-D gradient
     assert reads
     k = reads[0]
@@ -84,7 +90,7 @@ def test_strided_or_unaligned_tensors_go_through_the_vm():
             torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
-def test_must_not_fire_on_a_build_of_several_kernels_or_new_outputs():
+def test_must_not_fire_on_builds_that_allocate_outputs():
     from tvmfuse.frontends.torch_train import compile_training
 
     torch.manual_seed(0)
