@@ -70,7 +70,7 @@ def call(compiled, tensors, donated=None) -> tuple:
     very shapes and dtypes (their guards recompile on any other), and a failing call is theirs to
     report."""
     main = _main(compiled)
-    direct = compiled._local.torch_direct  # one in-place kernel, called without the VM (torch_direct.py)
+    direct = compiled._local.torch_direct  # in-place kernels, called without the VM (torch_direct.py)
     if direct is not None and (out := direct(tensors)) is not None:
         return out
     args = [t if t.data_ptr() % TVM_ALIGNMENT == 0 and t.is_contiguous() and t.numel() else _dense(t)

@@ -11,10 +11,11 @@ column sums over the batch (an MLP's second bias gradient and its LayerNorm's dg
 
 Contract: `join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic)` runs inside
 plan_fusion.plan after its merge loop, when the knob `horizontal` is on (config.py: off by default,
-on for the torch backend's training and update graphs, frontends/torch_train.py and torch_update.py). It takes the planner's live
-groups and merges in place (members, group_of, how: "horizontal", the GroupOrder `order`); it
-returns the refusals it logged ([plan.Refusal], kind "horizontal"). A group joins only when
-  - every op of it is elementwise or broadcast, or a column reduction (one that keeps a trailing
+on for the torch backend's training and update graphs, frontends/torch_train.py and
+torch_update.py). It takes the planner's live groups and merges in place (members, group_of, how:
+"horizontal", the GroupOrder `order`); it returns the refusals it logged ([plan.Refusal], kind
+"horizontal"). A group joins only when
+  - every op of it is elementwise or broadcast, or a column reduction (one that keeps the last
     axis: a bias gradient's or a norm's dgamma's sum over the batch) or the reshape of one's output;
     a row reduction, matmul, gather or layout op is never joined (rule "not_elementwise"), nor a
     sealed attention group. Joined column reductions must share one iteration space (legality's
@@ -53,8 +54,9 @@ def _not_elementwise(g, group) -> str | None:
 
 
 def _column_reduction(n) -> bool:
-    """Whether reduction `n` keeps a trailing axis (a sum over the batch: a bias gradient, a norm's
-    dgamma): such sums of one iteration space join as siblings of one column-reduction kernel."""
+    """Whether reduction `n` folds axes other than the trailing ones, keeping the last (a sum over
+    the batch: a bias gradient, a norm's dgamma): such sums of one iteration space join as siblings
+    of one column-reduction kernel."""
     space = n.row_space()
     return space is not None and not space[1]
 
