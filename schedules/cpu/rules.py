@@ -3,6 +3,8 @@
 Rules, in order, each able to decline:
   Attention     - a fused attention group (tvmfuse.attention): one flash-attention kernel (cpu/attention.py)
   Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
+                  (a nest whose rows are shorter than a vector over flat views of its buffers first,
+                  ../flat_views.py, so its lanes compute no index divisions)
   Matmul        - matmul / batch matmul + epilogue: blocked, register micro-kernel (cpu/matmul.py)
   Conv2D        - direct NCHW conv2d + epilogue: channel x row x vector tile (cpu/conv.py)
   ColumnReduction - sums over outer axes (x^T @ g, a bias gradient): parallel column stripes, or
@@ -29,7 +31,10 @@ from .matmul import Matmul
 from .pool import Pool
 from .column_reduction import ColumnReduction
 from .reduction import FullReduction, RowReduction
-from ..common import inline_injective, schedule_reduction, schedule_spatial
+from tvm.s_tir.dlight.analysis import normalize_prim_func
+
+from ..common import inline_injective, lanes, schedule_reduction, schedule_spatial
+from ..flat_views import flat_views
 from ..rule import ScheduleRule
 from ..tir_walk import children
 
@@ -42,9 +47,22 @@ class Injective(ScheduleRule):
         infos = inline_injective(sch)
         if not infos or not all(i.is_injective() for i in infos):
             return None
+        func = sch.mod["main"]
+        flat = flat_views(func, _short_rows)
+        if flat is not func:
+            sch = s_tir.Schedule(flat)
+            infos = normalize_prim_func(sch)
+            if not infos:
+                return None
         for info in infos:
             schedule_spatial(sch, info)
         return sch.mod["main"]
+
+
+def _short_rows(extents) -> bool:
+    """A nest of several axes whose last is shorter than a float32 vector: fused and vectorized, its
+    lanes would compute their indices with divisions (flat_views.py)."""
+    return len(extents) > 1 and extents[-1] < lanes(32)
 
 
 class AsWritten(ScheduleRule):

@@ -13,7 +13,9 @@ Legal (`_refusal` says why not, logged on `tvmfuse.fusion`):
     other call reads it), so nothing can read its old value after the call;
   - in the PrimFunc: the parameter's buffer is read by one block only, the block that writes the
     output, at the very indices it writes (an elementwise update: each element read before the
-    same element is stored, in the same iteration), and never written; same shape and dtype.
+    same element is stored, in the same iteration), and never written; same shape and dtype. A
+    flat view of a buffer (a DeclBuffer over its memory, schedules/flat_views.py: element k at
+    offset k) counts as the buffer itself.
   A kernel whose later block reads the old value (AdamW's parameter step reading the old moment
   instead of the new one) is refused. The values computed do not change; only where they are put.
 
@@ -91,24 +93,38 @@ def _same_indices(a, b) -> bool:
         tvm_ffi.structural_equal(x, y) for x, y in zip(a, b))
 
 
+def _views(prim) -> list:
+    """[(view, the buffer whose memory it declares)] for the kernel's DeclBuffers over another
+    buffer's data (schedules/flat_views.py: a flat view of a whole buffer, element k at offset k)."""
+    found = []
+    tvm_ffi.structural_walk(prim.body, (tvm.tirx.DeclBuffer, found.append), order="post")
+    return [(d.buffer, d.data.args[0]) for d in found
+            if isinstance(d.data, tvm.ir.Call) and len(d.data.args) == 1 and str(d.data.op.name) == "tirx.buffer_data"]
+
+
+def _same_memory(buf, param, views) -> bool:
+    """Whether `buf` is the parameter's buffer or a view of it."""
+    return buf.same_as(param) or any(v.same_as(buf) and base.same_as(param) for v, base in views)
+
+
 def _prim_refusal(prim, src, dst) -> str:
     """Why output buffer `dst` cannot take the place of input buffer `src` ('' when it can)."""
     if str(src.dtype) != str(dst.dtype) or not _same_indices(list(src.shape), list(dst.shape)):
         return "the output's shape or dtype differs from the parameter's"
-    nests = _top_level(prim)
+    nests, views = _top_level(prim), _views(prim)
     blocks = [(k, b) for k, nest in enumerate(nests) for b in nest]
-    if any(w.source.same_as(src) for _k, b in blocks for w in b.writes):
+    if any(_same_memory(w.source, src, views) for _k, b in blocks for w in b.writes):
         return "the kernel writes the parameter"
-    writers = [(k, b) for k, b in blocks if any(w.source.same_as(dst) for w in b.writes)]
+    writers = [(k, b) for k, b in blocks if any(_same_memory(w.source, dst, views) for w in b.writes)]
     if len(writers) != 1:
         return "the new value is not written by one block"
     at_nest, block = writers[0]
-    writes = [w for w in block.writes if w.source.same_as(dst)]
+    writes = [w for w in block.writes if _same_memory(w.source, dst, views)]
     if len(block.writes) != 1 or block.init is not None:
         return f"the block writing the new value ({block.name_hint}) writes other buffers too"
     at = _point(writes[0])
     for k, b in blocks:
-        reads = [r for r in b.reads if r.source.same_as(src)]
+        reads = [r for r in b.reads if _same_memory(r.source, src, views)]
         if not reads or k < at_nest:  # an earlier loop nest: done before the new value is stored
             continue
         if not b.same_as(block):
