@@ -110,7 +110,9 @@ def _stripes(sch, block, i, k, v, vectors, cores):
 def _row_chunks(sch, block, i, k, v, n_k, cores):
     """Rows in parallel chunks (rfactor), partial rows summed column-vectorized afterwards."""
     chunks = max(1, min(n_k, cores * CPU["column_row_chunks"]))
-    kp, _kr = sch.split(k, [chunks, None])
+    per = -(-n_k // chunks)  # rows per chunk; then no chunk is empty (5 rows in 4 chunks of 2 left
+    chunks = -(-n_k // per)  # the last one all predicated away, its init too: an uninitialized partial)
+    kp, _kr = sch.split(k, [chunks, per])
     rf = sch.rfactor(kp, factor_axis=0)
     i_rf, kp_rf, kr_rf = sch.get_loops(rf)[-3:]
     sch.reorder(kp_rf, kr_rf, i_rf)
