@@ -167,8 +167,11 @@ def store_views_in_producers(sch) -> None:
         store = block.body
         if not (isinstance(store, tvm.tirx.BufferStore) and isinstance(store.value, tvm.ir.TensorLoad)):
             continue
-        if not is_output(sch, info.block_rv) or len(sch.get_producers(info.block_rv)) != 1:
+        producers = sch.get_producers(info.block_rv)
+        if not is_output(sch, info.block_rv) or len(producers) != 1:
             continue
+        if len(sch.get_consumers(producers[0])) != 1:
+            continue  # the stage is read by others too (a BatchNorm's mean, output and subtracted): it stays
         if _is_view(block, store):
             try:
                 sch.reverse_compute_inline(info.block_rv)

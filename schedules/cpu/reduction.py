@@ -18,7 +18,7 @@ from __future__ import annotations
 import tvm_ffi
 from tvm import s_tir, tirx
 
-from .. import row_chain
+from .. import channel_rows, row_chain
 from ..common import (block_bits, extent, inline_injective, lanes, schedule_spatial_block,
                       store_views_in_producers)
 from ..rule import ScheduleRule
@@ -34,13 +34,16 @@ class RowReduction(ScheduleRule):
         if inline_injective(sch) is None:
             return None
         chain = row_chain.analyze(sch)
+        channels = (chain is None or chain.rows == 0) and channel_rows.lead_kept_axes(sch)
+        if channels:  # a channel chain (train-mode BatchNorm): one row per channel
+            chain = row_chain.analyze(sch)
         if chain is None or chain.rows == 0:
             return None
         if any(_strided(sch, b) for b in chain.reductions):
             return None  # a sum over rows (a bias gradient): each "row" a strided column; see _strided
         order, partials = [], {}
         for b in chain.blocks:  # rfactor first: it needs the reduction's loops to itself
-            for rf in _split_partials(sch, b, chain.rows) if b in chain.reductions else []:
+            for rf in _split_partials(sch, b, chain.rows, channels) if b in chain.reductions else []:
                 partials[len(order)] = rf
                 order.append(rf)
             order.append(b)
@@ -55,7 +58,7 @@ class RowReduction(ScheduleRule):
                 if not _vectorize_partials(sch, b, row, moved=k > 0):
                     return None
             elif b not in chain.reductions:
-                _vectorize_inner(sch, b, row)
+                _vectorize_inner(sch, b, row, channels)
         return sch.mod["main"]
 
 
@@ -85,10 +88,15 @@ def _divisor_lanes(n, bits):
     return v
 
 
-def _vectorize_inner(sch, block_rv, row):
+def _vectorize_inner(sch, block_rv, row, innermost=False):
+    """Vectorize the stage's loops below the row: all of them fused, or with `innermost` (a channel
+    chain's row: N, H, W of one channel, whose elements are contiguous only along W) the last one
+    alone, so no lane needs a division by a width the vector does not divide (a 56-wide map in
+    vectors of 16 was a per-lane gather)."""
     inner = [lp for lp in _loops_below(sch, block_rv, row) if extent(sch, lp) != 1]
     if not inner:
         return
+    inner = inner[-1:] if innermost else inner
     fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
     n = extent(sch, fused)
     v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
@@ -103,19 +111,28 @@ def _with_accumulators(n, v, acc):
     return v * acc if n % (v * acc) == 0 and n // (v * acc) >= 2 else v
 
 
-def _split_partials(sch, block_rv, rows):
+def _split_partials(sch, block_rv, rows, innermost=False):
     """Reduce the row into `lanes` partial results (rfactor), then those into `row_partials_tree`
     (a second rfactor, vectorized too) where they divide them, so the serial sum left at the end
     of each row is that short. Returns the partials' blocks in program order (none when the row is
-    too short to split). Runs while the reduction still has its own loop nest."""
+    too short to split). Runs while the reduction still has its own loop nest. With `innermost` (a
+    channel chain, see _vectorize_inner) the lanes split the last reduced loop only."""
     red = sch.get_loops(block_rv)[rows:]
-    fused = sch.fuse(*red) if len(red) > 1 else red[0]
-    n = extent(sch, fused)
-    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
-    if v == 1 or n == v:
-        return []
-    v = _with_accumulators(n, v, CPU["row_accumulators"])
-    _, ki = sch.split(fused, [None, v])
+    if innermost and len(red) > 1:
+        n = extent(sch, red[-1])
+        v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+        if v == 1:
+            return []
+        v = _with_accumulators(n, v, CPU["row_accumulators"])
+        _, ki = sch.split(red[-1], [None, v])
+    else:
+        fused = sch.fuse(*red) if len(red) > 1 else red[0]
+        n = extent(sch, fused)
+        v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+        if v == 1 or n == v:
+            return []
+        v = _with_accumulators(n, v, CPU["row_accumulators"])
+        _, ki = sch.split(fused, [None, v])
     axis = len(sch.get(block_rv).writes[0].region)
     rf = sch.rfactor(ki, factor_axis=axis)
     tree = CPU["row_partials_tree"]
@@ -127,22 +144,23 @@ def _split_partials(sch, block_rv, rows):
 
 def _vectorize_partials(sch, rf, row, moved) -> bool:
     """The partials' loops below the row are (ko, ki) where the block kept its loops and, after
-    reverse_compute_at (loops rebuilt in iter-var order, the rfactor var first), (ki, ..., ko).
+    reverse_compute_at (loops rebuilt in iter-var order, the rfactor var first), (ki, ..., ko),
+    ko being several loops in a channel chain's row (N, H: one per reduced iter var).
     Put ki innermost, hoist the init out of ko, vectorize both. ki is told by the block's binding
     (the loop its lane var is bound to), not by its extent: a 32 x 32 split has two loops of 32
     (BN statistics of a 4 x 16 x 16 input), and the wrong one vectorized is a schedule error.
     False (the rule declines) for any other loop nest.
     `moved` is kept for the callers; the binding decides."""
     inner = [lp for lp in _loops_below(sch, rf, row) if extent(sch, lp) != 1]
-    if len(inner) != 2:
+    if len(inner) < 2:
         return False
     lane_var = _binding_var(sch, rf, 0)  # the rfactor's spatial var: the partial's lane
     bound = [lp for lp in inner if lane_var is not None and sch.get(lp).loop_var.same_as(lane_var)]
     if len(bound) != 1:
         return False
     ki = bound[0]
-    ko = inner[0] if sch.get(inner[1]).same_as(sch.get(ki)) else inner[1]
-    sch.reorder(ko, ki)
+    ko = [lp for lp in inner if not sch.get(lp).same_as(sch.get(ki))]  # one, or a channel row's N, H, ...
+    sch.reorder(*ko, ki)
     sch.vectorize(ki)
     return True
 

@@ -111,7 +111,8 @@ def _reduction_space(g, members, knobs):
         n = g.by_idx[i]
         if n.cls == REDUCTION:
             continue
-        ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ()))
+        ok = _compatible(n.dims, row) if trailing else tuple(n.dims or ()) in (row, tuple(first.dims or ())) \
+            or _per_channel(n, first, row)
         if not ok and (relabels_a_reduction(g, members, n) or trailing and _regroups_rows(g, members, n, row)):
             continue
         if not ok:
@@ -148,6 +149,23 @@ def _regroups_rows(g, members, n, row) -> bool:
     tail = tuple(src.shape[len(row):])
     lead = tuple(n.shape[: len(n.shape) - len(tail)])
     return tuple(n.shape[len(lead):]) == tail and _count(lead) == _count(src.shape[: len(row)])
+
+
+def _per_channel(n, red, row) -> bool:
+    """Whether `n` is a vector over what reduction `red` keeps, its unit dims aside ([16], [16, 1, 1]
+    and [1, 16, 1, 1] beside a BatchNorm's statistics over N, H, W of [4, 16, 16, 16]: the saved
+    mean, the affine weight, the running statistics), where the kernel can be a channel chain
+    (schedules/channel_rows.py): static shapes, the last axis folded, so each channel's elements
+    are contiguous along W. With the channels last (NHWC) each row would be a strided column; the
+    statistics and the normalization then stay two kernels, each with its own layout."""
+    if n.dims is None or red.dims is None or not all(isinstance(d, int) for d in row):
+        return False
+    return len(row) - 1 in (red.reduced_axes() or ()) and _non_unit(n.dims) == _non_unit(red.dims)
+
+
+def _non_unit(shape) -> tuple:
+    """`shape` without its 1s: [16], [16, 1, 1] and [1, 16, 1, 1] are one per-channel vector."""
+    return tuple(d for d in shape if not (isinstance(d, int) and d == 1))
 
 
 def _count(shape) -> int:
