@@ -82,3 +82,24 @@ def test_a_graph_without_updates_is_unchanged():
     mod["main"] = mod["main"].without_attr(UPDATES)
     built = tvmfuse.build(mod, "llvm", "tvmfuse")
     assert "call_tir_inplace" not in built.mod["main"].script()
+
+
+def test_a_scalar_counter_of_its_own_kernel_is_written_in_place():
+    """BatchNorm's num_batches_tracked + 1: a 0-d int64 update that is a kernel's only output (not
+    an item of a multi-output kernel's tuple), whose block stands right under the root block."""
+    n, x = relax.Var("n", relax.TensorType((), "int64")), relax.Var("x", relax.TensorType((4, 8), F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [n, x]):
+        with bb.dataflow():
+            n2 = bb.emit(relax.op.add(n, relax.const(1, "int64")))
+            y = bb.emit(relax.op.sum(relax.op.exp(x), axis=[0]))  # something else beside it
+            out = bb.emit_output(relax.Tuple([n2, y]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    mod["main"] = mod["main"].with_attr(UPDATES, {0: 0})
+    built = tvmfuse.build(mod, "llvm", "tvmfuse")
+    assert [int(i) for i in built.mod["main"].attrs[IN_PLACE]] == [0]
+    x0 = np.random.default_rng(2).standard_normal((4, 8)).astype(F32)
+    args, (n_out, y) = _run(built, [np.array(41, "int64"), x0])
+    assert int(n_out.numpy()) == 42 and int(args[0].numpy()) == 42  # the counter itself moved
+    np.testing.assert_allclose(y.numpy(), np.exp(x0).sum(0), rtol=1e-5)

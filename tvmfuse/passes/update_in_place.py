@@ -69,9 +69,9 @@ def _uses(func) -> dict:
 def _top_level(prim) -> list[list]:
     """The blocks of each top-level statement of the kernel's root block, in program order (each
     a loop nest that finishes before the next begins)."""
-    body = prim.body
-    while isinstance(body, (tvm.s_tir.SBlockRealize, tvm.s_tir.SBlock)):  # down to the root block's body
-        body = body.block if isinstance(body, tvm.s_tir.SBlockRealize) else body.body
+    body = prim.body  # down to the root block's body, and no further (a 0-d kernel's block is right there)
+    body = body.block if isinstance(body, tvm.s_tir.SBlockRealize) else body
+    body = body.body if isinstance(body, tvm.s_tir.SBlock) else body
     stmts = list(body.seq) if isinstance(body, tvm.tirx.SeqStmt) else [body]
     nests = []
     for stmt in stmts:
@@ -141,10 +141,10 @@ def _site(func, binds, out_index):
     if not isinstance(ret, relax.Tuple) or out_index >= len(ret.fields):
         return "main does not return a tuple with that output"
     value, j = ret.fields[out_index], 0
-    value = binds.get(value, value) if isinstance(value, relax.Var) else value
-    if isinstance(value, relax.TupleGetItem):
-        value, j = value.tuple_value, int(value.index)
-    call = binds.get(value) if isinstance(value, relax.Var) else None
+    item = binds.get(value) if isinstance(value, relax.Var) else value
+    if isinstance(item, relax.TupleGetItem):  # a field of a multi-output kernel
+        value, j = item.tuple_value, int(item.index)
+    call = binds.get(value) if isinstance(value, relax.Var) else None  # else the kernel's own output
     if not (isinstance(call, relax.Call) and isinstance(call.op, tvm.ir.Op) and call.op.name == "relax.call_tir"):
         return "the output is not computed by a kernel call"
     if len(call.args) > 2:
