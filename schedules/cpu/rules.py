@@ -4,7 +4,8 @@ Rules, in order, each able to decline:
   Attention     - a fused attention group (tvmfuse.attention): one flash-attention kernel (cpu/attention.py)
   Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
                   (a nest whose rows are shorter than a vector over flat views of its buffers first,
-                  ../flat_views.py, so its lanes compute no index divisions)
+                  ../flat_views.py, so its lanes compute no index divisions; a block that reads an
+                  earlier one element for element in that one's loop, ../elementwise_chains.py)
   Matmul        - matmul / batch matmul + epilogue: blocked, register micro-kernel (cpu/matmul.py)
   Conv2D        - direct NCHW conv2d + epilogue: channel x row x vector tile (cpu/conv.py)
   ColumnReduction - sums over outer axes (x^T @ g, a bias gradient): parallel column stripes, or
@@ -33,6 +34,7 @@ from .column_reduction import ColumnReduction
 from .reduction import FullReduction, RowReduction
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
+from .. import elementwise_chains
 from ..common import inline_injective, lanes, schedule_reduction, schedule_spatial
 from ..flat_views import flat_views
 from ..rule import ScheduleRule
@@ -54,8 +56,11 @@ class Injective(ScheduleRule):
             infos = normalize_prim_func(sch)
             if not infos:
                 return None
+        done = []
         for info in infos:
-            schedule_spatial(sch, info)
+            if not elementwise_chains.join(sch, info.block_rv, done):  # else in its producer's loop
+                schedule_spatial(sch, info)
+            done.append(info.block_rv)
         return sch.mod["main"]
 
 
