@@ -4,28 +4,11 @@ moment reads the parameter that is written in place after it), a row the vector 
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
 
 import tvmfuse
-from tvmfuse.passes.update_in_place import IN_PLACE, UPDATES
+from tvmfuse.passes.update_in_place import IN_PLACE
 
-F32 = "float32"
-
-
-def _momentum_step(shape, decay=0.0):
-    """m' = 0.9 m + g (+ decay p); p' = p - 0.1 m'; outputs (p', m'), the new values of p and m."""
-    p, g, m = (relax.Var(n, relax.TensorType(shape, F32)) for n in ("p", "g", "m"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [p, g, m]):
-        with bb.dataflow():
-            m2 = relax.op.add(relax.op.multiply(m, relax.const(0.9, F32)), g)
-            m2 = bb.emit(relax.op.add(m2, relax.op.multiply(p, relax.const(decay, F32))) if decay else m2)
-            p2 = bb.emit(relax.op.subtract(p, relax.op.multiply(m2, relax.const(0.1, F32))))
-            out = bb.emit_output(relax.Tuple([p2, m2]))
-        bb.emit_func_output(out)
-    mod = bb.get()
-    mod["main"] = mod["main"].with_attr(UPDATES, {0: 0, 1: 2})
-    return mod
+from test_update_in_place import F32, _momentum_step  # m' = 0.9 m + g (+ decay p); p' = p - 0.1 m'
 
 
 def _loop_nests(built) -> int:
@@ -40,7 +23,7 @@ def _loop_nests(built) -> int:
     ((512, 100), 0.0, 2),    # must not fire: 100 is no multiple of the vector
 ])
 def test_moment_and_parameter_share_one_loop(shape, decay, loops):
-    built = tvmfuse.build(_momentum_step(shape, decay), "llvm", "tvmfuse")
+    built = tvmfuse.build(_momentum_step(shape, decay=decay), "llvm", "tvmfuse")
     assert built.launches == 1 and _loop_nests(built) == loops
     assert [int(i) for i in built.mod["main"].attrs[IN_PLACE]] == [0, 1]  # both still in place
     rng = np.random.default_rng(0)
