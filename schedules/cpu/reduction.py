@@ -118,21 +118,14 @@ def _split_partials(sch, block_rv, rows, innermost=False):
     too short to split). Runs while the reduction still has its own loop nest. With `innermost` (a
     channel chain, see _vectorize_inner) the lanes split the last reduced loop only."""
     red = sch.get_loops(block_rv)[rows:]
-    if innermost and len(red) > 1:
-        n = extent(sch, red[-1])
-        v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
-        if v == 1:
-            return []
-        v = _with_accumulators(n, v, CPU["row_accumulators"])
-        _, ki = sch.split(red[-1], [None, v])
-    else:
-        fused = sch.fuse(*red) if len(red) > 1 else red[0]
-        n = extent(sch, fused)
-        v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
-        if v == 1 or n == v:
-            return []
-        v = _with_accumulators(n, v, CPU["row_accumulators"])
-        _, ki = sch.split(fused, [None, v])
+    whole = not (innermost and len(red) > 1)  # the lanes split the whole row, fused
+    loop = (sch.fuse(*red) if len(red) > 1 else red[0]) if whole else red[-1]
+    n = extent(sch, loop)
+    v = _divisor_lanes(n, block_bits(sch, block_rv)) if n else 1
+    if v == 1 or whole and n == v:
+        return []
+    v = _with_accumulators(n, v, CPU["row_accumulators"])
+    _, ki = sch.split(loop, [None, v])
     axis = len(sch.get(block_rv).writes[0].region)
     rf = sch.rfactor(ki, factor_axis=axis)
     tree = CPU["row_partials_tree"]
