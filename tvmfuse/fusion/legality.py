@@ -160,7 +160,8 @@ def _per_channel(n, red, row) -> bool:
     statistics and the normalization then stay two kernels, each with its own layout."""
     if n.dims is None or red.dims is None or not all(isinstance(d, int) for d in row):
         return False
-    return len(row) - 1 in (red.reduced_axes() or ()) and _non_unit(n.dims) == _non_unit(red.dims)
+    kept = _non_unit(red.dims)  # empty for one channel: a scalar beside it is no channel vector
+    return bool(kept) and len(row) - 1 in (red.reduced_axes() or ()) and _non_unit(n.dims) == kept
 
 
 def _non_unit(shape) -> tuple:
