@@ -26,6 +26,7 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         if not isinstance(func, tvm.tirx.PrimFunc) or func.attrs and func.attrs.get("tirx.is_scheduled"):
             continue
         sched, rule = apply_rules(func, target, rules, gv.name_hint)
+        rule = str(sched.attrs["tvmfuse.rule"]) if rule and sched.attrs and "tvmfuse.rule" in sched.attrs else rule
         if rule is None:
             log.warning("no %s schedule rule applied to %s; left unscheduled", target.kind.name, gv.name_hint)
             continue

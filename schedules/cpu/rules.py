@@ -1,6 +1,9 @@
 """Default CPU (llvm) schedules: inline injective stages, parallel outer loops, vectorize.
 
 Rules, in order, each able to decline:
+  Nests         - a horizontal kernel holding compute-heavy nests (a conv's input and weight gradients):
+                  each such nest, and the rest together, scheduled apart by the rules below, run as
+                  one launch (../nests.py)
   Attention     - a fused attention group (tvmfuse.attention): one flash-attention kernel (cpu/attention.py)
   Injective     - every remaining block is spatial: fuse its loops, parallel outer, vectorize inner
                   (a nest whose rows are shorter than a vector over flat views of its buffers first,
@@ -37,6 +40,7 @@ from tvm.s_tir.dlight.analysis import normalize_prim_func
 from .. import elementwise_chains
 from ..common import inline_injective, lanes, schedule_reduction, schedule_spatial
 from ..flat_views import flat_views
+from ..nests import Nests
 from ..rule import ScheduleRule
 from ..tir_walk import children
 
@@ -104,5 +108,5 @@ class Fallback(ScheduleRule):
         return sch.mod["main"]
 
 
-RULES = [Attention(), Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(), FullReduction(),
-         Pool(), Fallback(), AsWritten()]
+RULES = [Nests(lambda: RULES[1:]), Attention(), Injective(), Matmul(), Conv2D(), ColumnReduction(), RowReduction(),
+         FullReduction(), Pool(), Fallback(), AsWritten()]

@@ -1,5 +1,6 @@
 """Horizontal fusion: independent elementwise groups (and column sums) of one dataflow block joined
-into one kernel.
+into one kernel, and sibling groups around a compute-heavy op (a convolution's or a linear layer's
+input and weight gradients, which read the same output gradient) joined into one launch.
 
 An optimizer step over N parameters is N independent elementwise chains (one per parameter: its
 gradient, its state and its update), which the planner's vertical and sibling merges leave as N
@@ -17,9 +18,14 @@ torch_update.py). It takes the planner's live groups and merges in place (member
 "horizontal"). A group joins only when
   - every op of it is elementwise or broadcast, or a column reduction (one that keeps the last
     axis: a bias gradient's or a norm's dgamma's sum over the batch) or the reshape of one's output;
-    a row reduction, matmul, gather or layout op is never joined (rule "not_elementwise"), nor a
-    sealed attention group. Joined column reductions must share one iteration space (legality's
-    rule "reduction_space"), so cpu.ColumnReduction schedules them as siblings of one kernel;
+    a row reduction, gather or layout op is never joined (rule "not_elementwise"), nor a sealed
+    attention group. Joined column reductions must share one iteration space (legality's rule
+    "reduction_space"), so cpu.ColumnReduction schedules them as siblings of one kernel;
+  - or it holds a compute-heavy op (matmul, conv: a group legal on its own, its epilogue with it)
+    and reads a value the joined group reads too (rule "no_shared_input" otherwise; the same holds
+    for any group joining one that holds a compute-heavy op). Such nests are scheduled apart and
+    run as one launch (schedules/nests.py: no rule schedules two anchors in one nest), so the
+    legality check below covers only the joined groups without a compute-heavy op;
   - no path runs between it and the joined group in either direction, directly or through another
     group (rule "dependent": one would have to wait for the other; `cyclic` is the planner's
     cycle check, the direct edges are checked here);
@@ -35,7 +41,9 @@ from __future__ import annotations
 import logging
 
 from . import legality
-from .classify import BROADCAST, ELEMENTWISE, REDUCTION
+from tvm import relax
+
+from .classify import BROADCAST, COMPUTE, ELEMENTWISE, REDUCTION
 from .plan import Refusal
 
 log = logging.getLogger("tvmfuse.fusion")
@@ -53,6 +61,17 @@ def _not_elementwise(g, group) -> str | None:
     return None
 
 
+def _anchored(g, group) -> bool:
+    """Whether the group holds a compute-heavy op (matmul, conv)."""
+    return any(g.by_idx[i].cls == COMPUTE for i in group)
+
+
+def _reads(g, group) -> set:
+    """The values the group's ops read from outside it."""
+    made = {v for i in group for v in [g.by_idx[i].var] + [a.var for a in g.by_idx[i].aliases]}
+    return {a for i in group for a in g.by_idx[i].call.args if isinstance(a, relax.Var) and a not in made}
+
+
 def _column_reduction(n) -> bool:
     """Whether reduction `n` folds axes other than the trailing ones, keeping the last (a sum over
     the batch: a bias gradient, a norm's dgamma): such sums of one iteration space join as siblings
@@ -66,16 +85,22 @@ def _direct_edge(g, a, b) -> bool:
         any(g.through[p] & b for p in a) or any(g.through[p] & a for p in b)
 
 
-def _why_not(g, group_of, members, x, y, order, knobs, cyclic):
-    """(rule, reason) refusing to join group y into horizontal group x, or None."""
+def _why_not(g, group_of, members, plain, x, y, order, knobs, cyclic):
+    """(rule, reason) refusing to join group y into horizontal group x, or None. `plain`: the
+    members of each horizontal group's groups without a compute-heavy op."""
     merged = members[x] | members[y]
     if len(merged) > knobs["horizontal_max_ops"]:
         return "horizontal_max_ops", (f"the horizontal group would hold {len(merged)} ops > "
                                       f"horizontal_max_ops={knobs['horizontal_max_ops']}")
+    if (_anchored(g, members[x]) or _anchored(g, members[y])) and not _reads(g, members[x]) & _reads(g, members[y]):
+        return "no_shared_input", ("a group with a compute-heavy op joins only a group that reads one of its "
+                                   "inputs (its sibling)")
     if _direct_edge(g, members[x], members[y]) or cyclic(g, group_of, x, y, members, order):
         return "dependent", "a path runs between the two groups: one must finish before the other starts"
-    res = legality.check(g, merged, {**knobs, "max_group_size": max(knobs["max_group_size"], len(merged))})
-    return res
+    checked = plain[x] | plain[y]
+    if not plain[x] or not plain[y]:  # nothing new beside a group legal on its own
+        return None
+    return legality.check(g, checked, {**knobs, "max_group_size": max(knobs["max_group_size"], len(checked))})
 
 
 def join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic) -> list:
@@ -91,7 +116,8 @@ def join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic) -
 
     candidates = []
     for gid in sorted(members, key=lambda x: order[x]):
-        why = "a flash-attention group takes no other ops" if gid in sealed else _not_elementwise(g, members[gid])
+        why = "a flash-attention group takes no other ops" if gid in sealed else \
+            None if _anchored(g, members[gid]) else _not_elementwise(g, members[gid])
         if why:
             if len(members) > 1:
                 refuse(members[gid], set(), "not_elementwise", why)
@@ -100,11 +126,13 @@ def join(g, group_of, members, how, order, sealed, knobs, block_index, cyclic) -
     if len(candidates) < 2:
         return refused
     bins = []  # the horizontal groups open so far (group ids)
+    plain = {gid: set() if _anchored(g, members[gid]) else set(members[gid]) for gid in candidates}
     for gid in candidates:
         for x in bins:
-            res = _why_not(g, group_of, members, x, gid, order, knobs, cyclic)
+            res = _why_not(g, group_of, members, plain, x, gid, order, knobs, cyclic)
             if res is None:
                 order.merge(x, gid)
+                plain[x] |= plain.pop(gid)
                 members[x] |= members.pop(gid)
                 how[x] += ["horizontal"] + how.pop(gid)
                 for i in members[x]:
