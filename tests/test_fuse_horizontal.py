@@ -72,8 +72,9 @@ def test_must_not_fire_dependent_groups(caplog):
 
 
 def test_must_not_fire_non_elementwise_groups():
-    """Two independent row softmaxes (reductions) and a matmul stay their own kernels (the matmul
-    shares no input with the elementwise chains); the two elementwise chains beside them are joined."""
+    """Two independent row softmaxes (reductions) stay their own kernels; the two elementwise
+    chains join the matmul's launch (an elementwise group may join a compute-heavy one), each nest
+    with its own rule."""
     def body(bb, x, y, w, u, v):
         return [bb.emit(R.nn.softmax(x)), bb.emit(R.nn.softmax(y)), bb.emit(R.matmul(x, w)),
                 bb.emit(R.exp(bb.emit(R.add(u, u)))), bb.emit(R.tanh(bb.emit(R.multiply(v, v))))]
@@ -82,17 +83,15 @@ def test_must_not_fire_non_elementwise_groups():
     mod = _mod(specs, body)
     c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
     joined = [g for g in c.plan.groups if g.kind.startswith("horizontal")]
-    assert len(joined) == 1 and {op for _, op, _ in joined[0].ops} == {"add", "exp", "multiply", "tanh"}
-    assert not any(r.rule not in ("not_elementwise", "no_shared_input") and r.kind == "horizontal"
-                   for r in c.plan.refused)
+    assert len(joined) == 1 and {op for _, op, _ in joined[0].ops} == {"matmul", "add", "exp", "multiply", "tanh"}
+    assert c.launches == 3 and any(r.startswith("cpu.Nests[cpu.Matmul,cpu.Injective") for r in c.rules())
+    assert not any(r.rule != "not_elementwise" and r.kind == "horizontal" for r in c.plan.refused)
     assert sum(r.rule == "not_elementwise" for r in c.plan.refused) >= 2
-    assert any(r.rule == "no_shared_input" for r in c.plan.refused)
     x, y, w, u, v = _inputs(specs, 2)
     out = c(x, y, w, u, v)
     assert_matches(out[2], x @ w, 1e-5, 1e-5)
     assert_matches(out[3], np.exp(u + u), 1e-5, 1e-6)
     assert_matches(out[4], np.tanh(v * v), 1e-5, 1e-6)
-    assert c.launches == 4  # two softmaxes, the matmul, the joined elementwise kernel
 
 
 def test_horizontal_max_ops_bounds_a_joined_group(caplog):
@@ -217,3 +216,30 @@ def test_must_not_fire_compute_heavy_groups_without_a_shared_input_or_on_a_path(
     out = c(a, b, cc, d)
     for got, want in zip(out, (a @ b, cc @ d, (a @ b) @ a)):
         assert_matches(got, want, 1e-4, 1e-5)
+
+
+def _mask_beside_matmul(bb, x, w, g):
+    """A ReLU mask of x (recomputed in a backward) read by a where, and a matmul of x."""
+    mask = bb.emit(R.less_equal(x, relax.const(0.0, "float32")))
+    return [bb.emit(R.matmul(x, w)), bb.emit(R.where(mask, relax.const(0.0, "float32"), g))]
+
+
+MASK_SPECS = [("x", (16, 32)), ("w", (32, 16)), ("g", (16, 32))]
+
+
+def test_with_horizontal_an_elementwise_sibling_is_not_merged_into_a_compute_heavy_group():
+    """Merged into the matmul's group the mask would order the where after the matmul; with the
+    knob on it is not a sibling merge (profitability), it goes with its consumer, and the two groups
+    still share one launch. Without the knob the sibling merge stands (must not fire)."""
+    mod = _mod(MASK_SPECS, _mask_beside_matmul)
+    plain = tvmfuse.build(mod, "llvm", "tvmfuse")
+    c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    (apart,), (joined,) = plain.plan.groups, c.plan.groups
+    assert apart.merges[0] == "sibling"  # the mask went into the matmul's group
+    assert joined.merges == ("edge", "horizontal")  # the mask with its where; the matmul beside them
+    assert {op for _, op, _ in joined.ops} == {"less_equal", "where", "matmul"}
+    assert c.launches == 1
+    x, w, g = _inputs(MASK_SPECS, 8)
+    out = c(x, w, g)
+    assert_matches(out[0], x @ w, 1e-4, 1e-5)
+    assert_matches(out[1], np.where(x <= 0, 0.0, g), 1e-6, 1e-6)

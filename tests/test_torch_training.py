@@ -233,6 +233,26 @@ def test_a_bad_autograd_option_is_a_clear_error():
         torch_backend.tvmfuse_backend(gm, [torch.randn(2, 4)], options={"autograd": "yes"})
 
 
+def test_a_bad_partitioner_option_is_a_clear_error():
+    gm = torch.fx.symbolic_trace(torch.nn.Linear(4, 4))
+    with pytest.raises(BackendFallbackError, match="partitioner.*'default'.*'min_cut'"):
+        torch_backend.tvmfuse_backend(gm, [torch.randn(2, 4)], options={"partitioner": "greedy"})
+
+
+def test_both_partitioners_train_with_eager_gradients_and_min_cut_saves_less():
+    """AOTAutograd's default partitioner (the default) and Inductor's min-cut one both give eager's
+    gradients; min-cut's forward computes fewer outputs for the backward (it recomputes ReLU masks)."""
+    from tvm import relax
+
+    computed = {}
+    for partitioner in ("default", "min_cut"):
+        model, x = _resnet()
+        kinds = _built_by_tvmfuse(_train(model, x, "sgd", steps=2, options={"partitioner": partitioner}))
+        ret = kinds["forward"].compiled.mod["main"].ret_ty
+        computed[partitioner] = len(ret.fields) if isinstance(ret, relax.TupleType) else 1
+    assert computed["min_cut"] < computed["default"], computed
+
+
 def test_dropout_runs_its_forward_eagerly_with_torchs_own_mask():
     """Train-mode dropout draws random numbers: its forward graph runs eagerly (torch's mask, the
     same as eager under the same seed), the backward is still built by tvmfuse."""

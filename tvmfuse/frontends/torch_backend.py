@@ -31,6 +31,7 @@ gaps of TVM's FX importer are bridged in frontends/torch_converters.py (`CONVERT
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import weakref
 
@@ -166,11 +167,16 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
     if autograd not in ("aot", "eager"):
         raise BackendFallbackError(f"options={{'autograd': {autograd!r}}}: use 'aot' (the default: training graphs "
                                    "are built by tvmfuse through AOTAutograd) or 'eager' (they run in eager PyTorch)")
+    partitioner = options.pop("partitioner", "default")
+    if partitioner not in torch_train.PARTITIONERS:
+        raise BackendFallbackError(f"options={{'partitioner': {partitioner!r}}}: use 'default' (AOTAutograd's: the "
+                                   "forward saves all the backward reads) or 'min_cut' (Inductor's: cheap ops "
+                                   "recomputed in the backward where that saves saved tensors)")
     record = GraphRecord(_root(), str(gm.meta.get("dynamo_compile_id", "?")),
                          sum(n.op.startswith("call_") for n in gm.graph.nodes), state=_state_ids(gm, example_inputs),
                          owner=_owner())
     if torch_train.wants_autograd(example_inputs):
-        return _training(gm, example_inputs, options, fallback, autograd, record)
+        return _training(gm, example_inputs, options, fallback, autograd, partitioner, record)
     if torch_update.is_update(gm):
         return _update(gm, example_inputs, options, fallback, record)
     try:
@@ -205,14 +211,15 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
     return call
 
 
-def _training(gm, example_inputs, options, fallback, autograd, record):
+def _training(gm, example_inputs, options, fallback, autograd, partitioner, record):
     """A graph autograd needs (torch_train.py): AOTAutograd's forward and backward built by tvmfuse,
     or the dynamo graph in eager PyTorch (autograd intact) with the reason recorded."""
     why = torch_train.refusal(example_inputs)
     if not why and autograd == "eager":
         why = "options={'autograd': 'eager'}: training graphs run in eager PyTorch"
-    return _through_aot(gm, example_inputs, options, fallback, record, why, torch_train.train_backend,
-                        kind="training", what="the graph", compiled_as="for training")
+    backend = functools.partial(torch_train.train_backend, partitioner=partitioner)
+    return _through_aot(gm, example_inputs, options, fallback, record, why, backend, kind="training",
+                        what="the graph", compiled_as="for training")
 
 
 def _update(gm, example_inputs, options, fallback, record):

@@ -22,8 +22,9 @@ torch_update.py). It takes the planner's live groups and merges in place (member
     attention group. Joined column reductions must share one iteration space (legality's rule
     "reduction_space"), so cpu.ColumnReduction schedules them as siblings of one kernel;
   - or it holds a compute-heavy op (matmul, conv: a group legal on its own, its epilogue with it)
-    and reads a value the joined group reads too (rule "no_shared_input" otherwise; the same holds
-    for any group joining one that holds a compute-heavy op). Such nests are scheduled apart and
+    and reads a value the joined group reads too (rule "no_shared_input" otherwise; an elementwise
+    group may join one that holds a compute-heavy op without: a train-mode BatchNorm's step counters
+    beside a convolution). Such nests are scheduled apart and
     run as one launch (schedules/nests.py: no rule schedules two anchors in one nest), so the
     legality check below covers only the joined groups without a compute-heavy op;
   - no path runs between it and the joined group in either direction, directly or through another
@@ -92,7 +93,7 @@ def _why_not(g, group_of, members, plain, x, y, order, knobs, cyclic):
     if len(merged) > knobs["horizontal_max_ops"]:
         return "horizontal_max_ops", (f"the horizontal group would hold {len(merged)} ops > "
                                       f"horizontal_max_ops={knobs['horizontal_max_ops']}")
-    if (_anchored(g, members[x]) or _anchored(g, members[y])) and not _reads(g, members[x]) & _reads(g, members[y]):
+    if _anchored(g, members[y]) and not _reads(g, members[x]) & _reads(g, members[y]):
         return "no_shared_input", ("a group with a compute-heavy op joins only a group that reads one of its "
                                    "inputs (its sibling)")
     if _direct_edge(g, members[x], members[y]) or cyclic(g, group_of, x, y, members, order):

@@ -19,7 +19,11 @@ producer fused in front of a compute-heavy op must not be used outside the merge
 (AOTAutograd saves a Linear's transposed weight for the backward graph): it would be a second
 output written from the operand side of the matmul, which the matmul rules do not store, so the
 group took the fallback schedule. A group of views (reshapes) is not fused after a value the other group
-writes anyway: alone it costs nothing, fused it is a copy. `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
+writes anyway: alone it costs nothing, fused it is a copy. With the knob `horizontal` on (training
+graphs), a group with a compute-heavy op and one without are not merged as siblings: no read is
+saved (the anchor reads its operand tile by tile, the sibling in a nest of its own), and the merge
+would order the sibling's other readers after the anchor (a ReLU mask recomputed beside a conv's
+weight gradient kept its input gradient from sharing that launch). `knobs` is every knob's value (Knobs.as_dict()): no defaults here.
 """
 from __future__ import annotations
 
@@ -66,6 +70,11 @@ def _copies_a_view(g, a, b, merged):
 def score(g, a: set, b: set, knobs, shared_inputs=()):
     merged = a | b
     saved = 0
+    anchored = [any(g.by_idx[i].cls == COMPUTE for i in x) for x in (a, b)]
+    if shared_inputs and knobs["horizontal"] and anchored[0] != anchored[1]:
+        return None, ("sibling of a compute-heavy group: the anchor reads its operand tile by tile, so no read "
+                      "is saved, and with horizontal on (fuse_horizontal.py) the two share a launch without one "
+                      "having to wait for the other")
     upstream = _feeds_anchor(g, merged)
     recomputed = [g.by_idx[i] for i in upstream - _feeds_anchor(g, a) - _feeds_anchor(g, b)
                   if g.by_idx[i].cls in (ELEMENTWISE, BROADCAST) and g.by_idx[i].op not in CASTS]
