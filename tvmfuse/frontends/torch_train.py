@@ -9,8 +9,8 @@ parameters) is taken as before.
 The route: `torch._dynamo.backends.common.aot_autograd` with core-ATen decompositions (so the
 backward's ops, threshold_backward, native_layer_norm_backward, gelu_backward, ..., arrive as the
 plain arithmetic, sums and mms TVM's ExportedProgram importer converts; the normalizations whose
-saved statistics TVM's converters drop are decomposed by torch too, `_DECOMPOSED`) and a
-partitioner (`PARTITIONERS`): by default AOTAutograd's (forward saves what backward reads; nothing
+saved statistics TVM's converters drop are decomposed by torch too) and a partitioner
+(torch_aot_config.py): by default AOTAutograd's (forward saves what backward reads; nothing
 is recomputed); `options={"partitioner": "min_cut"}` Inductor's (the forward saves fewer tensors,
 and cheap elementwise ops are recomputed in the backward, where they fuse). Each ATen graph (the
 forward, the backward, and the inference graph AOT makes when no gradient is needed after all) goes
@@ -55,6 +55,7 @@ import torch
 from ..build import build
 from ..passes.update_in_place import aliased_outputs, offer_updates
 from . import torch_layouts, torch_records, torch_tensors, torch_views
+from .torch_aot_config import PARTITIONERS, decompositions
 from .torch_aten import import_aten
 from .torch_grad_converters import GRAD_CONVERTERS
 from .torch_records import GraphRecord
@@ -63,12 +64,6 @@ log = logging.getLogger("tvmfuse.torch")
 
 _BUILD_OPTIONS = ("fusion", "target", "tuning_logs")
 _NOT_FOR_TRAINING = ("freeze", "buckets")  # inference options a training graph ignores (nothing frozen, static)
-# decomposed by torch before export: TVM 0.27's converters of the normalizations return the
-# normalized output only (the mean and rstd native_layer_norm returns are lost;
-# _native_batch_norm_legit_functional's saved statistics and new running variance are zeros), and
-# the backward reads them
-_DECOMPOSED = ("native_layer_norm", "_native_batch_norm_legit_functional", "_native_batch_norm_legit",
-               "native_batch_norm", "native_group_norm")
 
 
 def wants_autograd(example_inputs) -> bool:
@@ -352,45 +347,6 @@ def train_backend(gm, example_inputs, options: dict, fallback: str, new_record, 
                         inference_compiler=_compiler("inference", options, fallback, new_record),
                         partition_fn=PARTITIONERS[partitioner](),
                         decompositions=decompositions())(gm, example_inputs)
-
-
-def _min_cut():
-    from torch._functorch.partitioners import min_cut_rematerialization_partition
-
-    return min_cut_rematerialization_partition
-
-
-def _default():
-    from torch._functorch.partitioners import default_partition
-
-    return default_partition
-
-
-# options={"partitioner": ...} of the backend. "default" (AOTAutograd's): the forward saves everything
-# the backward reads. "min_cut" (Inductor's): the forward saves fewer tensors (resnet-tiny's forward
-# returns 42 instead of 47), cheap elementwise ops (a ReLU mask, a normalization's scaling) are
-# recomputed in the backward, where they fuse; resnet-tiny's step then takes one launch more.
-PARTITIONERS = {"default": _default, "min_cut": _min_cut}
-
-
-def decompositions() -> dict:
-    """Core ATen's decompositions, and torch's own for the normalizations whose statistics the
-    backward reads (`_DECOMPOSED`)."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
-
-    aten = torch.ops.aten
-    table = dict(core_aten_decompositions())
-    table.update(get_decompositions([getattr(aten, name) for name in _DECOMPOSED]))
-    table[aten.var_mean.correction] = _var_mean
-    return table
-
-
-def _var_mean(x, dim=None, *, correction=None, keepdim=False):
-    """var_mean (what the normalizations' decompositions compute with; TVM has no converter, and
-    torch's decomposition of it leaves prims) as the var and mean TVM converts."""
-    aten = torch.ops.aten
-    dims = list(range(x.dim())) if dim is None else dim
-    return aten.var.correction(x, dims, correction=correction, keepdim=keepdim), aten.mean.dim(x, dims, keepdim)
 
 
 @dataclasses.dataclass
