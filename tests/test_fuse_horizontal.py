@@ -4,6 +4,8 @@ import logging
 
 import numpy as np
 import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from tvm import relax
 from tvm.relax import op as R
 
@@ -243,3 +245,53 @@ def test_with_horizontal_an_elementwise_sibling_is_not_merged_into_a_compute_hea
     out = c(x, w, g)
     assert_matches(out[0], x @ w, 1e-4, 1e-5)
     assert_matches(out[1], np.where(x <= 0, 0.0, g), 1e-6, 1e-6)
+
+
+@st.composite
+def _sibling_graphs(draw):
+    """Random DAGs over x, y [rows, 16] and w [16, 16]: elementwise ops, matmuls by w or w^T (a
+    linear layer's forward and backward shapes), column sums; several of them returned."""
+    rows = draw(st.sampled_from([3, 8]))
+    steps = [(draw(st.integers(0, 3)), draw(st.integers(0, 99)), draw(st.integers(0, 99)))
+             for _ in range(draw(st.integers(2, 8)))]
+    return rows, steps, draw(st.integers(1, 3))
+
+
+def _build_sibling_graph(rows, steps, n_out):
+    bb = relax.BlockBuilder()
+    x, y = (relax.Var(n, relax.TensorType((rows, 16), "float32")) for n in "xy")
+    w = relax.Var("w", relax.TensorType((16, 16), "float32"))
+    with bb.function("main", [x, y, w]):
+        with bb.dataflow():
+            full, sums = [x, y], []
+            for kind, a, b in steps:
+                src = full[a % len(full)]
+                if kind == 0:
+                    full.append(bb.emit(R.matmul(src, w if b % 2 else bb.emit(R.permute_dims(w, [1, 0])))))
+                elif kind == 1:
+                    full.append(bb.emit(R.add(src, full[b % len(full)])))
+                elif kind == 2:
+                    full.append(bb.emit(R.nn.relu(src)))
+                else:
+                    sums.append(bb.emit(R.sum(src, axis=[0])))
+            outs = (full[2:] or full)[-n_out:] + sums[-1:]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_sibling_graphs())
+def test_property_horizontal_joins_keep_the_math_and_never_add_launches(g):
+    mod = _build_sibling_graph(*g)
+    rng = np.random.default_rng(1)
+    inputs = [rng.standard_normal((g[0], 16)).astype("float32") for _ in range(2)] + \
+        [rng.standard_normal((16, 16)).astype("float32")]
+    unfused = tvmfuse.build(mod, "llvm", "none")
+    fused = tvmfuse.build(mod, "llvm", "tvmfuse")
+    joined = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    assert joined.launches <= fused.launches
+    want = unfused(*inputs)
+    got = joined(*inputs)
+    for a, b in zip(got if isinstance(got, (list, tuple)) else [got], want if isinstance(want, (list, tuple)) else [want]):
+        assert_matches(a, b, 1e-4, 1e-4)
