@@ -46,5 +46,7 @@ def take_dense_bases(gm: torch.fx.GraphModule, example_inputs) -> dict[int, tupl
 
 def bases(tensors, orders: dict[int, tuple[int, ...]]) -> list:
     """`tensors` with each one in `orders` as its dense base: a view (contiguous where its layout is
-    the one traced)."""
+    the one traced). `tensors` itself when there is none (the usual case: no per-call list)."""
+    if not orders:
+        return tensors
     return [t.permute(orders[i]) if i in orders else t for i, t in enumerate(tensors)]
