@@ -295,3 +295,27 @@ def test_property_horizontal_joins_keep_the_math_and_never_add_launches(g):
     got = joined(*inputs)
     for a, b in zip(got if isinstance(got, (list, tuple)) else [got], want if isinstance(want, (list, tuple)) else [want]):
         assert_matches(a, b, 1e-4, 1e-4)
+
+
+def test_sibling_anchors_with_constant_weights_keep_their_prepacked_schedules():
+    """Matmuls and convs of one input by constant weights (packed at build time): joined in pairs,
+    each nest still its own rule's, the results the unfused graph's."""
+    rng = np.random.default_rng(9)
+    w1, w2 = (rng.standard_normal(s).astype("float32") for s in ((64, 48), (64, 32)))
+    k1, k2 = (rng.standard_normal((16, 8, 3, 3)).astype("float32") for _ in range(2))
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((16, 64), "float32"))
+    im = relax.Var("im", relax.TensorType((2, 8, 12, 12), "float32"))
+    with bb.function("main", [x, im]):
+        with bb.dataflow():
+            outs = [bb.emit(R.matmul(x, relax.const(w1))), bb.emit(R.nn.relu(bb.emit(R.matmul(x, relax.const(w2))))),
+                    bb.emit(R.nn.conv2d(im, relax.const(k1), padding=[1, 1])),
+                    bb.emit(R.nn.conv2d(im, relax.const(k2), padding=[1, 1]))]
+            out = bb.emit_output(relax.Tuple(outs))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    c = tvmfuse.build(mod, "llvm", "tvmfuse", horizontal=True)
+    assert sorted(c.rules()) == ["cpu.Nests[cpu.Conv2D,cpu.Conv2D]", "cpu.Nests[cpu.Matmul,cpu.Matmul]"]
+    args = (rng.standard_normal((16, 64)).astype("float32"), rng.standard_normal((2, 8, 12, 12)).astype("float32"))
+    for got, want in zip(c(*args), tvmfuse.build(mod, "llvm", "none")(*args)):
+        assert_matches(got, want, 1e-4, 1e-4)
