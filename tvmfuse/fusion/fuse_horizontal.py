@@ -24,9 +24,9 @@ torch_update.py). It takes the planner's live groups and merges in place (member
   - or it holds a compute-heavy op (matmul, conv: a group legal on its own, its epilogue with it)
     and reads a value the joined group reads too (rule "no_shared_input" otherwise; an elementwise
     group may join one that holds a compute-heavy op without: a train-mode BatchNorm's step counters
-    beside a convolution). Such nests are scheduled apart and
-    run as one launch (schedules/nests.py: no rule schedules two anchors in one nest), so the
-    legality check below covers only the joined groups without a compute-heavy op;
+    beside a convolution). Such nests are scheduled apart and run as one launch
+    (schedules/nests.py: no rule schedules two anchors in one nest), so the legality check below
+    covers only the joined groups without a compute-heavy op;
   - no path runs between it and the joined group in either direction, directly or through another
     group (rule "dependent": one would have to wait for the other; `cyclic` is the planner's
     cycle check, the direct edges are checked here);
@@ -41,9 +41,9 @@ from __future__ import annotations
 
 import logging
 
-from . import legality
 from tvm import relax
 
+from . import legality
 from .classify import BROADCAST, COMPUTE, ELEMENTWISE, REDUCTION
 from .plan import Refusal
 
@@ -98,9 +98,9 @@ def _why_not(g, group_of, members, plain, x, y, order, knobs, cyclic):
                                    "inputs (its sibling)")
     if _direct_edge(g, members[x], members[y]) or cyclic(g, group_of, x, y, members, order):
         return "dependent", "a path runs between the two groups: one must finish before the other starts"
-    checked = plain[x] | plain[y]
     if not plain[x] or not plain[y]:  # nothing new beside a group legal on its own
         return None
+    checked = plain[x] | plain[y]
     return legality.check(g, checked, {**knobs, "max_group_size": max(knobs["max_group_size"], len(checked))})
 
 
