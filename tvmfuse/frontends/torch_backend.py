@@ -167,11 +167,11 @@ def tvmfuse_backend(gm, example_inputs, options: dict | None = None, **kwargs):
     if autograd not in ("aot", "eager"):
         raise BackendFallbackError(f"options={{'autograd': {autograd!r}}}: use 'aot' (the default: training graphs "
                                    "are built by tvmfuse through AOTAutograd) or 'eager' (they run in eager PyTorch)")
-    partitioner = options.pop("partitioner", "default")
+    partitioner = options.pop("partitioner", "min_cut")
     if partitioner not in torch_train.PARTITIONERS:
-        raise BackendFallbackError(f"options={{'partitioner': {partitioner!r}}}: use 'default' (AOTAutograd's: the "
-                                   "forward saves all the backward reads) or 'min_cut' (Inductor's: cheap ops "
-                                   "recomputed in the backward where that saves saved tensors)")
+        raise BackendFallbackError(f"options={{'partitioner': {partitioner!r}}}: use 'min_cut' (the default, "
+                                   "Inductor's: cheap ops recomputed in the backward where that saves saved "
+                                   "tensors) or 'default' (AOTAutograd's: the forward saves all the backward reads)")
     record = GraphRecord(_root(), str(gm.meta.get("dynamo_compile_id", "?")),
                          sum(n.op.startswith("call_") for n in gm.graph.nodes), state=_state_ids(gm, example_inputs),
                          owner=_owner())

@@ -10,9 +10,10 @@ The route: `torch._dynamo.backends.common.aot_autograd` with core-ATen decomposi
 backward's ops, threshold_backward, native_layer_norm_backward, gelu_backward, ..., arrive as the
 plain arithmetic, sums and mms TVM's ExportedProgram importer converts; the normalizations whose
 saved statistics TVM's converters drop are decomposed by torch too) and a partitioner
-(torch_aot_config.py): by default AOTAutograd's (forward saves what backward reads; nothing
-is recomputed); `options={"partitioner": "min_cut"}` Inductor's (the forward saves fewer tensors,
-and cheap elementwise ops are recomputed in the backward, where they fuse). Each ATen graph (the
+(torch_aot_config.py): by default Inductor's min-cut one (the forward saves fewer tensors, and
+cheap elementwise ops are recomputed in the backward, where they fuse); with
+`options={"partitioner": "default"}` AOTAutograd's (forward saves what backward reads; nothing is
+recomputed). Each ATen graph (the
 forward, the backward, and the inference graph AOT makes when no gradient is needed after all) goes
 through `compile_aten_graph`: parameters are inputs, never frozen, so an optimizer step between
 calls is correct.
@@ -333,7 +334,7 @@ def _warn_on_create_graph(fn, record):
     return run
 
 
-def train_backend(gm, example_inputs, options: dict, fallback: str, new_record, partitioner: str = "default"):
+def train_backend(gm, example_inputs, options: dict, fallback: str, new_record, partitioner: str = "min_cut"):
     """The training route for one dynamo graph: AOTAutograd with tvmfuse's compilers.
     `new_record(kind, ops)` makes the GraphRecord of one ATen graph. Horizontal fusion is on (the
     knob `horizontal`): a train-mode BatchNorm's running statistics are small independent updates,
