@@ -5,7 +5,7 @@ import numpy as np
 import tvm
 from tvm.s_tir.dlight.analysis import normalize_prim_func
 
-from .row_chain import is_output, vars_in
+from .row_chain import is_output, reduction_operands, vars_in
 from .targets import CPU
 
 
@@ -180,11 +180,8 @@ def store_views_in_producers(sch) -> None:
 
 
 def operands_of_reduction(sch, block_rv) -> int:
-    """How many buffers the block reads at an index that moves with a reduction variable: 2 for a
-    matmul or conv (input and weight), 1 for a row sum."""
-    block = sch.get(block_rv)
-    red = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}
-    return sum(any(vars_in(rg.min) & red for rg in r.region) for r in block.reads)
+    """row_chain.reduction_operands of the block: 2 for a matmul or conv, 1 for a row sum."""
+    return reduction_operands(sch.get(block_rv))
 
 
 def is_reduction(sch, block_rv):

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from .row_chain import vars_in
+from .row_chain import reduction_operands
 from .rule import ScheduleRule, apply_rules
 from .tir_walk import children
 
@@ -42,8 +42,9 @@ class Nests(ScheduleRule):
         if not isinstance(func.body, s_tir.SBlockRealize):
             return None
         stmts = _statements(func.body.block)
-        parts = [p for p in split(stmts) if len(p)]
-        anchored = [p for p in parts if any(_compute_heavy(b) for i in p for b in _blocks(stmts[i]))]
+        parts = split(stmts)
+        heavy = [any(reduction_operands(b) >= 2 for b in _blocks(s)) for s in stmts]  # matmul, conv
+        anchored = [p for p in parts if any(heavy[i] for i in p)]
         if len(parts) < 2 or not anchored:
             return None
         rest = sorted(i for p in parts if p not in anchored for i in p)
@@ -72,17 +73,6 @@ def _blocks(stmt):
         if isinstance(s, s_tir.SBlock):
             yield s
         stack.extend(children(s))
-
-
-def _compute_heavy(block) -> bool:
-    """A reduction reading two buffers at indices that move with a reduction variable (matmul, conv;
-    a row sum reads one, a variance's mean does not move with it)."""
-    red = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}  # 2: CommReduce
-    moving = []
-    for r in block.reads:
-        if any(vars_in(rg.min) & red for rg in r.region) and not any(r.source.same_as(m) for m in moving):
-            moving.append(r.source)
-    return len(moving) >= 2
 
 
 def split(stmts) -> list[list[int]]:

@@ -50,6 +50,13 @@ def vars_in(expr):
     return names
 
 
+def reduction_operands(block) -> int:
+    """How many buffers `block` reads at an index that moves with a reduction variable: 2 for a
+    matmul or conv (input and weight), 1 for a row sum, 0 for a spatial block."""
+    red = {iv.var.name for iv in block.iter_vars if int(iv.iter_type) == 2}  # 2: CommReduce
+    return sum(any(vars_in(rg.min) & red for rg in r.region) for r in block.reads) if red else 0
+
+
 def read_indices(block) -> list[tuple[set, set]]:
     """For each buffer `block` reads: (the names of every variable in its indices, those in its
     innermost index). What the reduction rules ask of a read: whether it walks a reduced axis along
